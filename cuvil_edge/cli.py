@@ -1,0 +1,96 @@
+"""The ``cuvil-edge`` command line. Each command is a thin call into one module.
+
+Command groups live beside the code they drive (``packager/cli.py``, ``deploy/cli.py``, ...) and
+register themselves here through ``register(app)``; every option also reads ``CUVIL_EDGE_<NAME>``.
+Errors a user can cause end in one line on stderr and exit 1; startup failures exit 3.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import sys
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from cuvil_edge.errors import CuvilEdgeError
+
+__all__ = ["app", "main", "console", "err_console"]
+
+console = Console()
+err_console = Console(stderr=True)
+
+app = typer.Typer(
+    name="cuvil-edge",
+    help="Package, quantize, sign, serve and deploy models on Jetson and other ARM boards.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    context_settings={"auto_envvar_prefix": "CUVIL_EDGE"},
+)
+
+# Modules that add commands with ``register(app)``. Order is the order in --help.
+_COMMAND_MODULES: tuple[str, ...] = (
+)
+
+
+@app.command("targets")
+def targets_cmd(
+    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
+) -> None:
+    """List the board profiles: CPU ISA, RAM, bandwidth, GPU SM, DLA cores, JetPack/TensorRT."""
+    from cuvil_edge.targets import all_targets
+
+    targets = all_targets()
+    if as_json:
+        print(json.dumps([t.to_dict() for t in targets.values()], indent=2))
+        return
+    table = Table(title="Board profiles")
+    for col in ("name", "CPU", "cores", "ISA (SVE bytes)", "RAM GB", "GB/s", "SM", "DLA", "TensorRT"):
+        table.add_column(col)
+    for t in targets.values():
+        isa = ",".join(t.isa) + (f" ({t.sve_vector_bytes})" if t.sve_vector_bytes else "")
+        trt = ", ".join(r.tensorrt for r in t.releases) or "-"
+        table.add_row(
+            t.name, t.cpu, str(t.cores), isa, f"{t.ram_bytes / 1024**3:.0f}",
+            f"{t.mem_bandwidth_gbs:g}" if t.mem_bandwidth_gbs else "-", t.gpu_sm or "-",
+            str(t.dla_cores), trt,
+        )
+    console.print(table)
+
+
+def _register_all() -> None:
+    for name in _COMMAND_MODULES:
+        module = importlib.import_module(name)
+        module.register(app)
+
+
+_register_all()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the CLI; user errors become one line and exit 1 instead of a traceback."""
+    try:
+        app(args=argv, standalone_mode=False)
+    except CuvilEdgeError as exc:
+        err_console.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
+        return 1
+    except typer.Exit as exc:
+        return int(exc.exit_code or 0)
+    except typer.Abort:
+        err_console.print("aborted")
+        return 130
+    except Exception as exc:  # click usage errors arrive here in standalone_mode=False
+        import click
+
+        if isinstance(exc, click.ClickException):
+            exc.show()
+            return exc.exit_code
+        raise
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

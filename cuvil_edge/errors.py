@@ -1,0 +1,95 @@
+"""Exceptions raised by cuvil-edge.
+
+Every error a user can cause derives from :class:`CuvilEdgeError`, so the CLI turns it into one line
+and exit code 1. Our own bugs raise :class:`InternalError`, outside that tree, so they keep their
+traceback::
+
+    CuvilEdgeError
+    ├── TargetError          unknown board, bad board data
+    ├── RecipeError          bad recipe file or field
+    ├── ModelError           not an ONNX file, truncated, fails the checker
+    ├── DataError            calibration/evaluation data missing, empty or of the wrong shape
+    ├── QuantizationError    quantization could not produce a model
+    ├── AccuracyError        the quantized model missed the recipe's accuracy goal
+    ├── BundleError          bad bundle, member, checksum or layout
+    │   └── SignatureError   bad key, bad or missing signature
+    ├── KernelError          bad arguments to a C kernel, library missing
+    ├── TelemetryError       telemetry source or parse failure
+    ├── DaemonError          daemon configuration or serving failure
+    └── DeployError          transport, device check, health gate, rollback
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "AccuracyError",
+    "BundleError",
+    "CuvilEdgeError",
+    "DaemonError",
+    "DataError",
+    "DeployError",
+    "InternalError",
+    "KernelError",
+    "ModelError",
+    "QuantizationError",
+    "RecipeError",
+    "SignatureError",
+    "TargetError",
+    "TelemetryError",
+]
+
+
+class CuvilEdgeError(Exception):
+    """Base of every error a user can cause; the message names the thing and the fix."""
+
+
+class TargetError(CuvilEdgeError):
+    """Unknown board name or inconsistent board data."""
+
+
+class RecipeError(CuvilEdgeError):
+    """A recipe file or one of its fields is invalid."""
+
+
+class ModelError(CuvilEdgeError):
+    """The model file is missing, not ONNX, truncated or invalid."""
+
+
+class DataError(CuvilEdgeError):
+    """Calibration or evaluation data is missing, empty or of the wrong shape."""
+
+
+class QuantizationError(CuvilEdgeError):
+    """Quantization failed to produce a usable model."""
+
+
+class AccuracyError(CuvilEdgeError):
+    """The quantized model missed the accuracy goal; the message says by how much."""
+
+
+class BundleError(CuvilEdgeError):
+    """A bundle is malformed, a member is missing or its checksum does not match."""
+
+
+class SignatureError(BundleError):
+    """A key is invalid, or a signature is missing, malformed or does not verify."""
+
+
+class KernelError(CuvilEdgeError):
+    """A C kernel was called with bad arguments, or its library could not be loaded."""
+
+
+class TelemetryError(CuvilEdgeError):
+    """A telemetry source failed or a line could not be parsed."""
+
+
+class DaemonError(CuvilEdgeError):
+    """The daemon's configuration is invalid or it could not serve."""
+
+
+class DeployError(CuvilEdgeError):
+    """A deployment step failed: transport, device check, health gate or rollback."""
+
+
+class InternalError(Exception):
+    """A bug in cuvil-edge itself; deliberately outside the CuvilEdgeError tree."""

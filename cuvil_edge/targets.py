@@ -1,0 +1,170 @@
+"""Board profiles: what the packager, kernels, daemon and deploy need to know about a target.
+
+The figures live in ``data/targets.toml`` with the source of each; this module only loads and
+checks them, so a new board is a data change.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import platform
+from dataclasses import dataclass, field
+from importlib import resources
+from typing import Any
+
+from cuvil_edge._toml import loads_toml
+from cuvil_edge.errors import TargetError
+
+__all__ = ["JetPackRelease", "Target", "all_targets", "get_target", "host_target_name"]
+
+_ISAS = {"neon", "sve", "sve2", "sse4.2", "avx2"}
+
+
+@dataclass(frozen=True)
+class JetPackRelease:
+    """One JetPack release: the L4T, TensorRT and CUDA versions it ships."""
+
+    jetpack: str
+    l4t: str
+    tensorrt: str
+    cuda: str
+
+    @property
+    def tensorrt_major(self) -> int:
+        return int(self.tensorrt.split(".")[0])
+
+
+@dataclass(frozen=True)
+class Target:
+    """A board profile. ``has_gpu`` is False for CPU-only boards and the host."""
+
+    name: str
+    title: str
+    arch: str
+    cpu: str
+    cpu_cores: int
+    isa: tuple[str, ...]
+    sve_vector_bytes: int
+    ram_gb: float
+    mem_type: str
+    mem_bandwidth_gbs: float
+    gpu: str
+    gpu_sm: str
+    integrated_gpu: bool
+    dla_cores: int
+    releases: tuple[JetPackRelease, ...]
+    source: str
+    extra: dict[str, Any] = field(default_factory=dict, compare=False)
+
+    @property
+    def has_gpu(self) -> bool:
+        return bool(self.gpu_sm)
+
+    @property
+    def runtime_format(self) -> str:
+        """``tensorrt`` for NVIDIA boards (symmetric Q/DQ), ``ort-cpu`` otherwise."""
+        return "tensorrt" if self.has_gpu else "ort-cpu"
+
+    @property
+    def plugin_platform(self) -> str:
+        """Folder name for native plugins in a bundle (``linux-aarch64`` / ``linux-x86_64``)."""
+        return f"linux-{self.arch}"
+
+    @property
+    def ram_bytes(self) -> int:
+        if self.ram_gb:
+            return int(self.ram_gb * 1024**3)
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+    @property
+    def cores(self) -> int:
+        return self.cpu_cores or (os.cpu_count() or 1)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "title": self.title,
+            "arch": self.arch,
+            "cpu": self.cpu,
+            "cpu_cores": self.cores,
+            "isa": list(self.isa),
+            "sve_vector_bytes": self.sve_vector_bytes,
+            "ram_gb": self.ram_gb or round(self.ram_bytes / 1024**3, 1),
+            "mem_bandwidth_gbs": self.mem_bandwidth_gbs,
+            "gpu_sm": self.gpu_sm,
+            "integrated_gpu": self.integrated_gpu,
+            "dla_cores": self.dla_cores,
+            "releases": [r.__dict__ for r in self.releases],
+        }
+
+
+def _require(board: str, raw: dict[str, Any], key: str, kind: type) -> Any:
+    if key not in raw:
+        raise TargetError(f"targets.toml: board '{board}' lacks field '{key}'")
+    value = raw[key]
+    if kind is float and isinstance(value, int):
+        value = float(value)
+    if not isinstance(value, kind):
+        raise TargetError(f"targets.toml: board '{board}' field '{key}' must be {kind.__name__}")
+    return value
+
+
+def _parse(data: dict[str, Any]) -> dict[str, Target]:
+    releases: dict[str, JetPackRelease] = {}
+    for jp, raw in data.get("jetpack", {}).items():
+        releases[jp] = JetPackRelease(jp, str(raw["l4t"]), str(raw["tensorrt"]), str(raw["cuda"]))
+    targets: dict[str, Target] = {}
+    for name, raw in data.get("boards", {}).items():
+        isa = tuple(_require(name, raw, "isa", list))
+        unknown = set(isa) - _ISAS
+        if unknown:
+            raise TargetError(f"targets.toml: board '{name}' has unknown ISA {sorted(unknown)}")
+        sve_bytes = _require(name, raw, "sve_vector_bytes", int)
+        if ("sve" in isa) != (sve_bytes > 0):
+            raise TargetError(f"targets.toml: board '{name}': sve_vector_bytes must be set iff SVE is listed")
+        jps = []
+        for jp in _require(name, raw, "jetpack", list):
+            if jp not in releases:
+                raise TargetError(f"targets.toml: board '{name}' names unknown JetPack '{jp}'")
+            jps.append(releases[jp])
+        targets[name] = Target(
+            name=name,
+            title=_require(name, raw, "title", str),
+            arch=_require(name, raw, "arch", str),
+            cpu=_require(name, raw, "cpu", str),
+            cpu_cores=_require(name, raw, "cpu_cores", int),
+            isa=isa,
+            sve_vector_bytes=sve_bytes,
+            ram_gb=_require(name, raw, "ram_gb", float),
+            mem_type=_require(name, raw, "mem_type", str),
+            mem_bandwidth_gbs=_require(name, raw, "mem_bandwidth_gbs", float),
+            gpu=_require(name, raw, "gpu", str),
+            gpu_sm=_require(name, raw, "gpu_sm", str),
+            integrated_gpu=_require(name, raw, "integrated_gpu", bool),
+            dla_cores=_require(name, raw, "dla_cores", int),
+            releases=tuple(jps),
+            source=_require(name, raw, "source", str),
+        )
+    return targets
+
+
+@functools.lru_cache(maxsize=1)
+def all_targets() -> dict[str, Target]:
+    """All board profiles by name, loaded once from the package data."""
+    text = resources.files("cuvil_edge").joinpath("data/targets.toml").read_text("utf-8")
+    return _parse(loads_toml(text))
+
+
+def get_target(name: str) -> Target:
+    """The profile named ``name``; raises TargetError listing the known names otherwise."""
+    targets = all_targets()
+    key = name.strip().lower().replace("_", "-")
+    if key not in targets:
+        raise TargetError(f"unknown target '{name}'; known targets: {', '.join(sorted(targets))}")
+    return targets[key]
+
+
+def host_target_name() -> str:
+    """The profile that best describes the machine this runs on."""
+    return "x86-host" if platform.machine() in ("x86_64", "AMD64") else "generic-arm64"
