@@ -33,6 +33,7 @@ app = typer.Typer(
 
 # Modules that add commands with ``register(app)``. Order is the order in --help.
 _COMMAND_MODULES: tuple[str, ...] = (
+    "cuvil_edge.bundle.cli",
 )
 
 

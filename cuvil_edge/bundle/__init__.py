@@ -1,0 +1,34 @@
+"""Bundles: one signed file with the model, its recipe, validation evidence and device plugins."""
+
+from __future__ import annotations
+
+from cuvil_edge.bundle.container import (
+    MANIFEST_NAME,
+    SIGNATURE_NAME,
+    extract_bundle,
+    read_manifest,
+    resolve_secret_key,
+    verify_bundle,
+    verify_directory,
+    write_bundle,
+)
+from cuvil_edge.bundle.manifest import FORMAT, FileEntry, Manifest, engine_key_name
+from cuvil_edge.bundle.signing import generate_keypair, load_public_key, load_secret_key
+
+__all__ = [
+    "FORMAT",
+    "MANIFEST_NAME",
+    "SIGNATURE_NAME",
+    "FileEntry",
+    "Manifest",
+    "engine_key_name",
+    "extract_bundle",
+    "generate_keypair",
+    "load_public_key",
+    "load_secret_key",
+    "read_manifest",
+    "resolve_secret_key",
+    "verify_bundle",
+    "verify_directory",
+    "write_bundle",
+]

@@ -1,0 +1,162 @@
+"""The bundle manifest: what a bundle holds and how to run it, signed as one JSON document."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from cuvil_edge.errors import BundleError
+
+__all__ = ["FORMAT", "FileEntry", "Manifest", "engine_key_name"]
+
+FORMAT = "cuvil-bundle/1"
+_PRECISIONS = {"fp32", "fp16", "int8", "mixed"}
+_FORMAT_KINDS = {"tensorrt", "ort-cpu"}
+
+
+def engine_key_name(l4t: str, tensorrt: str, sm: str, dla_core: int | None) -> str:
+    """File stem of a cached engine: ``l4t-36.4.3_trt-10.3.0_sm8.7_dlanone``."""
+    return f"l4t-{l4t}_trt-{tensorrt}_sm{sm}_dla{'none' if dla_core is None else dla_core}"
+
+
+@dataclass(frozen=True)
+class FileEntry:
+    """One payload member: its path inside the bundle, sha256 and size."""
+
+    path: str
+    sha256: str
+    size: int
+
+
+@dataclass
+class Manifest:
+    """A parsed ``manifest.json``. ``raw`` keeps every field, also those this version ignores."""
+
+    name: str
+    version: str
+    target: dict[str, Any]
+    precision: str
+    format_kind: str
+    model: str
+    inputs: list[dict[str, Any]]
+    outputs: list[dict[str, Any]]
+    files: list[FileEntry]
+    max_batch: int = 1
+    preprocess: dict[str, Any] = field(default_factory=lambda: {"kind": "none"})
+    postprocess: dict[str, Any] = field(default_factory=lambda: {"kind": "none"})
+    validation: dict[str, Any] = field(default_factory=dict)
+    latency_target_ms: dict[str, float] = field(default_factory=dict)
+    engines: list[dict[str, Any]] = field(default_factory=list)
+    build_plans: list[dict[str, Any]] = field(default_factory=list)
+    plugins: dict[str, list[str]] = field(default_factory=dict)
+    raw: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], where: str = "manifest.json") -> Manifest:
+        """Validate and parse; errors name the field."""
+        if not isinstance(data, dict):
+            raise BundleError(f"{where}: manifest must be a JSON object")
+        if data.get("format") != FORMAT:
+            raise BundleError(f"{where}: field 'format' must be '{FORMAT}', got {data.get('format')!r}")
+
+        def need(key: str, kind: type | tuple[type, ...]) -> Any:
+            if key not in data:
+                raise BundleError(f"{where}: missing field '{key}'")
+            if not isinstance(data[key], kind):
+                raise BundleError(f"{where}: field '{key}' has the wrong type")
+            return data[key]
+
+        precision = need("precision", str)
+        if precision not in _PRECISIONS:
+            raise BundleError(f"{where}: field 'precision' must be one of {sorted(_PRECISIONS)}")
+        format_kind = need("format_kind", str)
+        if format_kind not in _FORMAT_KINDS:
+            raise BundleError(f"{where}: field 'format_kind' must be one of {sorted(_FORMAT_KINDS)}")
+        files = []
+        for i, entry in enumerate(need("files", list)):
+            try:
+                files.append(FileEntry(str(entry["path"]), str(entry["sha256"]), int(entry["size"])))
+            except (KeyError, TypeError, ValueError):
+                raise BundleError(f"{where}: files[{i}] needs path, sha256 and size") from None
+        paths = [f.path for f in files]
+        if len(set(paths)) != len(paths):
+            raise BundleError(f"{where}: field 'files' lists a path twice")
+        model = need("model", str)
+        if model not in paths:
+            raise BundleError(f"{where}: model '{model}' is not listed in 'files'")
+        return cls(
+            name=need("name", str),
+            version=need("version", str),
+            target=need("target", dict),
+            precision=precision,
+            format_kind=format_kind,
+            model=model,
+            inputs=need("inputs", list),
+            outputs=need("outputs", list),
+            files=files,
+            max_batch=int(data.get("max_batch", 1)),
+            preprocess=dict(data.get("preprocess") or {"kind": "none"}),
+            postprocess=dict(data.get("postprocess") or {"kind": "none"}),
+            validation=dict(data.get("validation") or {}),
+            latency_target_ms=dict(data.get("latency_target_ms") or {}),
+            engines=list(data.get("engines") or []),
+            build_plans=list(data.get("build_plans") or []),
+            plugins=dict(data.get("plugins") or {}),
+            raw=data,
+        )
+
+    @classmethod
+    def from_bytes(cls, data: bytes, where: str = "manifest.json") -> Manifest:
+        try:
+            parsed = json.loads(data.decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise BundleError(f"{where}: manifest is not valid JSON ({exc})") from None
+        return cls.from_dict(parsed, where)
+
+    @classmethod
+    def load(cls, path: Path) -> Manifest:
+        """Load from an extracted bundle directory or a ``manifest.json`` path (no verification)."""
+        path = Path(path)
+        file = path / "manifest.json" if path.is_dir() else path
+        try:
+            data = file.read_bytes()
+        except OSError as exc:
+            raise BundleError(f"{file}: cannot read manifest ({exc.strerror})") from None
+        return cls.from_bytes(data, str(file))
+
+    def to_dict(self) -> dict[str, Any]:
+        out = dict(self.raw)
+        out.update(
+            {
+                "format": FORMAT,
+                "name": self.name,
+                "version": self.version,
+                "target": self.target,
+                "precision": self.precision,
+                "format_kind": self.format_kind,
+                "model": self.model,
+                "inputs": self.inputs,
+                "outputs": self.outputs,
+                "max_batch": self.max_batch,
+                "preprocess": self.preprocess,
+                "postprocess": self.postprocess,
+                "validation": self.validation,
+                "latency_target_ms": self.latency_target_ms,
+                "engines": self.engines,
+                "build_plans": self.build_plans,
+                "plugins": self.plugins,
+                "files": [asdict(f) for f in self.files],
+            }
+        )
+        return out
+
+    def to_bytes(self) -> bytes:
+        return (json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n").encode("utf-8")
+
+    def file(self, path: str) -> FileEntry:
+        for entry in self.files:
+            if entry.path == path:
+                return entry
+        raise BundleError(f"bundle '{self.name}' has no member '{path}'")
