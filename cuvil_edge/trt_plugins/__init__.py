@@ -1,0 +1,163 @@
+"""TensorRT plugins for the pre- and post-processing steps cuvil-edge moves into an engine.
+
+Two plugins, each described once here (:data:`PLUGINS`) and implemented twice:
+
+* as TensorRT Python plugins (``tensorrt.plugin``, TensorRT >= 10.6: ``@trtp.register`` for the
+  output descriptors, ``@trtp.impl`` for the computation) in :mod:`cuvil_edge.trt_plugins._python`,
+  loaded by :func:`register_python_plugins` on a device with TensorRT and CuPy;
+* as C++ ``IPluginV3`` sources (``cpp/``) with a CMake project that builds a plugin library
+  against a device sysroot holding TensorRT and CUDA headers (``cpp/README.md``).
+
+Plugins:
+
+``cuvil::normalize_u8``
+    ``uint8 [N, H, W, C]`` (camera frames, interleaved) -> ``float32 [N, C, H, W]``,
+    ``(x - mean[c]) / std[c]``: layout change, cast and normalisation in one pass.
+``cuvil::topk``
+    ``float [N, K_in]`` logits -> ``float32 [N, k]`` values and ``int32 [N, k]`` indices, largest
+    first (classification post-processing without copying all logits back).
+
+The shape rules are plain Python (:func:`output_shapes`) so they are tested here; the Python
+plugins' descriptor functions and the C++ ``getOutputShapes`` implement the same rules.
+Nothing in this module imports TensorRT.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from cuvil_edge.errors import ModelError
+
+__all__ = [
+    "PLUGINS",
+    "PluginSpec",
+    "cpp_source_dir",
+    "get_plugin",
+    "output_shapes",
+    "plugin_op_names",
+    "register_python_plugins",
+]
+
+
+@dataclass(frozen=True)
+class PluginSpec:
+    """What a plugin is called and what it takes: the contract both implementations follow.
+
+    Args:
+        namespace (str): TensorRT plugin namespace.
+        name (str): plugin name (also the ONNX ``op_type`` that maps to it).
+        version (str): plugin version string.
+        inputs (tuple[str, ...]): input tensor names, in order.
+        outputs (tuple[str, ...]): output tensor names, in order.
+        attrs (dict[str, str]): attribute name -> type (``int``, ``float32[]``).
+        summary (str): one line.
+    """
+
+    namespace: str
+    name: str
+    version: str
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    attrs: dict[str, str]
+    summary: str
+
+    @property
+    def plugin_id(self) -> str:
+        """``namespace::name`` as ``tensorrt.plugin.register`` takes it."""
+        return f"{self.namespace}::{self.name}"
+
+
+PLUGINS: tuple[PluginSpec, ...] = (
+    PluginSpec(
+        namespace="cuvil", name="normalize_u8", version="1",
+        inputs=("image",), outputs=("tensor",),
+        attrs={"mean": "float32[]", "std": "float32[]"},
+        summary="uint8 NHWC frames -> float32 NCHW, (x - mean[c]) / std[c]",
+    ),
+    PluginSpec(
+        namespace="cuvil", name="topk", version="1",
+        inputs=("logits",), outputs=("values", "indices"),
+        attrs={"k": "int"},
+        summary="largest k of each row: float32 values and int32 indices",
+    ),
+)
+
+
+def get_plugin(name: str) -> PluginSpec:
+    """The spec of plugin ``name`` (``"topk"`` or ``"cuvil::topk"``)."""
+    for spec in PLUGINS:
+        if name in (spec.name, spec.plugin_id):
+            return spec
+    raise ModelError(f"unknown cuvil-edge TensorRT plugin '{name}'; known: "
+                     f"{', '.join(s.plugin_id for s in PLUGINS)}")
+
+
+def plugin_op_names() -> frozenset[str]:
+    """ONNX ``op_type`` names that map to a cuvil-edge plugin."""
+    return frozenset(spec.name for spec in PLUGINS)
+
+
+def output_shapes(name: str, input_shapes: Sequence[Sequence[int]], **attrs: Any) -> list[tuple[int, ...]]:
+    """Output shapes of plugin ``name`` for the given input shapes (``-1`` stays dynamic).
+
+    Args:
+        name (str): the plugin.
+        input_shapes (Sequence[Sequence[int]]): one shape per input.
+        **attrs: the plugin attributes (``mean``/``std`` for normalize_u8, ``k`` for topk).
+
+    Raises:
+        ModelError: wrong rank, attribute or channel count (the same checks the C++
+            ``configurePlugin`` and the Python descriptor make).
+    """
+    spec = get_plugin(name)
+    if len(input_shapes) != len(spec.inputs):
+        raise ModelError(f"{spec.plugin_id} takes {len(spec.inputs)} input(s), got {len(input_shapes)}")
+    shape = tuple(int(d) for d in input_shapes[0])
+    if spec.name == "normalize_u8":
+        if len(shape) != 4:
+            raise ModelError(f"{spec.plugin_id} needs a 4D NHWC input, got shape {list(shape)}")
+        n, h, w, c = shape
+        mean, std = list(attrs.get("mean", [])), list(attrs.get("std", []))
+        if c > 0 and (len(mean) != c or len(std) != c):
+            raise ModelError(f"{spec.plugin_id}: mean and std need {c} values (one per channel), "
+                             f"got {len(mean)} and {len(std)}")
+        if any(float(s) == 0.0 for s in std):
+            raise ModelError(f"{spec.plugin_id}: std must not contain 0")
+        return [(n, c, h, w)]
+    # topk
+    if len(shape) != 2:
+        raise ModelError(f"{spec.plugin_id} needs a 2D [N, classes] input, got shape {list(shape)}")
+    k = int(attrs.get("k", 0))
+    if k < 1:
+        raise ModelError(f"{spec.plugin_id}: k must be at least 1, got {k}")
+    if shape[1] > 0 and k > shape[1]:
+        raise ModelError(f"{spec.plugin_id}: k={k} exceeds the {shape[1]} classes")
+    return [(shape[0], k), (shape[0], k)]
+
+
+def cpp_source_dir() -> Path:
+    """Directory of the C++ IPluginV3 sources and their CMakeLists.txt."""
+    return Path(str(resources.files("cuvil_edge.trt_plugins").joinpath("cpp")))
+
+
+def register_python_plugins() -> list[str]:
+    """Register the Python plugins with TensorRT (>= 10.6); returns their ids.
+
+    Raises:
+        ModelError: tensorrt (with ``tensorrt.plugin``) is missing or too old; the message names
+            ``pip install cuvil-edge[jetson]``.
+    """
+    try:
+        import tensorrt.plugin  # noqa: F401
+    except ImportError as exc:
+        raise ModelError(
+            "TensorRT Python plugins need tensorrt >= 10.6 with tensorrt.plugin "
+            f"({exc}); on the device run: pip install cuvil-edge[jetson]"
+        ) from exc
+    from cuvil_edge.trt_plugins import _python
+
+    return list(_python.REGISTERED)
