@@ -1,0 +1,331 @@
+"""Opening sources by name, and the monitor thread that keeps the daemon supplied with samples.
+
+Source specs (``cuvil-edged --telemetry SPEC``; several separated by commas form a fallback
+chain):
+
+===================== ==========================================================================
+``auto``              ``tegrastats``, then ``jtop``, then ``sysfs:/`` (the first that opens)
+``tegrastats[:PATH]`` the tegrastats process (``PATH``: the executable)
+``jtop``              jetson-stats' service
+``sysfs[:ROOT]``      ``/proc`` and ``/sys`` under ``ROOT`` (default ``/``)
+``replay:FILE[@X]``   a recorded log at ``X`` times real time (default 1; 0 = no waiting)
+``sim:BOARD[@X]``     the simulator of a board profile at ``X`` times real time
+===================== ==========================================================================
+
+:class:`TelemetryMonitor` runs the chain in a thread: it keeps the latest sample, calls
+subscribers, and when a source dies (raises, ends, goes silent) it logs the reason, records an
+event and moves to the next spec; after the last it waits ``retry_s`` and starts over. It never
+raises into the daemon: without telemetry ``latest`` just stays ``None`` (or stale — see
+:attr:`TelemetryMonitor.age_s`) and serving goes on.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from cuvil_edge.errors import TargetError, TelemetryError
+from cuvil_edge.telemetry.base import SourceExhausted, TelemetrySource
+from cuvil_edge.telemetry.sample import Sample
+
+__all__ = ["AUTO_CHAIN", "TelemetryMonitor", "expand_spec", "open_source"]
+
+log = logging.getLogger(__name__)
+
+AUTO_CHAIN: tuple[str, ...] = ("tegrastats", "jtop", "sysfs:/")
+
+
+def _split_speed(arg: str) -> tuple[str, float | None]:
+    """``"FILE@2.5"`` -> ``("FILE", 2.5)``; an ``@`` not followed by a number stays in the name."""
+    if "@" in arg:
+        head, tail = arg.rsplit("@", 1)
+        try:
+            return head, float(tail)
+        except ValueError:
+            pass
+    return arg, None
+
+
+def expand_spec(spec: str | Sequence[str]) -> list[str]:
+    """Split a comma-separated spec and expand ``auto`` into :data:`AUTO_CHAIN`."""
+    parts = spec.split(",") if isinstance(spec, str) else list(spec)
+    out: list[str] = []
+    for part in (p.strip() for p in parts):
+        if not part:
+            continue
+        out.extend(AUTO_CHAIN if part == "auto" else [part])
+    if not out:
+        raise TelemetryError("empty telemetry spec; use auto, tegrastats, jtop, sysfs[:ROOT], replay:FILE[@SPEED] or sim:BOARD")
+    return out
+
+
+def open_source(spec: str, **kw: Any) -> TelemetrySource:
+    """Open one source from its spec (see the module docstring).
+
+    Args:
+        spec (str): the spec; ``auto`` (or a comma chain) returns the first one that opens.
+        **kw: passed to the source: ``interval_s`` for all; ``seed``, ``noise_pct``,
+            ``os_used_mb`` for ``sim``; ``loop``, ``retime`` for ``replay``.
+
+    Raises:
+        TelemetryError: unknown spec, or no source of the chain could be opened (the message
+            lists why each failed).
+    """
+    chain = expand_spec(spec)
+    if len(chain) > 1:
+        errors = []
+        for item in chain:
+            try:
+                return open_source(item, **kw)
+            except TelemetryError as exc:
+                errors.append(f"{item}: {exc}")
+        raise TelemetryError("no telemetry source could be opened: " + "; ".join(errors))
+    item = chain[0]
+    kind, _, arg = item.partition(":")
+    interval = kw.pop("interval_s", 1.0)
+    if kind == "tegrastats":
+        from cuvil_edge.telemetry.tegrastats import TegrastatsSource
+
+        return TegrastatsSource(interval_s=interval, path=arg or kw.pop("path", None), **kw)
+    if kind == "jtop":
+        from cuvil_edge.telemetry.jtop_source import JtopSource
+
+        return JtopSource(interval_s=interval)
+    if kind == "sysfs":
+        from cuvil_edge.telemetry.sysfs import SysfsSource
+
+        return SysfsSource(root=arg or "/", interval_s=interval)
+    if kind == "replay":
+        from cuvil_edge.telemetry.replay import ReplaySource
+
+        path, speed = _split_speed(arg)
+        if not path:
+            raise TelemetryError("replay needs a file: replay:FILE[@SPEED]")
+        return ReplaySource(path, speed=1.0 if speed is None else speed, interval_s=interval, **kw)
+    if kind == "sim":
+        from cuvil_edge.telemetry.sim import SimulatedBoard
+
+        board, speed = _split_speed(arg or "orin-nano-8gb")
+        try:
+            return SimulatedBoard(board, interval_s=interval, speed=1.0 if speed is None else speed, **kw)
+        except TargetError as exc:
+            raise TelemetryError(f"sim: {exc}") from exc
+    raise TelemetryError(
+        f"unknown telemetry source '{item}'; use auto, tegrastats[:PATH], jtop, sysfs[:ROOT], "
+        "replay:FILE[@SPEED] or sim:BOARD[@SPEED]"
+    )
+
+
+Subscriber = Callable[[Sample], Any]
+
+
+class TelemetryMonitor:
+    """Reads a chain of sources in a background thread; the daemon never waits on it.
+
+    Args:
+        spec (str | Sequence[str | TelemetrySource]): a spec string (``"auto"``,
+            ``"tegrastats,sysfs"``) or a list of specs and already-open sources, tried in order.
+        interval_s (float): sampling interval. Defaults to 1.0.
+        retry_s (float): pause before trying the chain again once every source failed.
+            Defaults to 5.0.
+        silence_s (float | None): a source that yields nothing this long is considered dead.
+            Defaults to ``max(3 * interval_s, 2.0)``.
+        source_kw (dict | None): extra keyword arguments for :func:`open_source`.
+
+    Example::
+
+        mon = TelemetryMonitor("auto", interval_s=1.0)
+        mon.subscribe(scheduler.update)
+        mon.start()
+        ... mon.latest ... mon.report_load(busy_fraction=0.7) ...
+        mon.stop()
+    """
+
+    def __init__(
+        self,
+        spec: str | Sequence[str | TelemetrySource] = "auto",
+        *,
+        interval_s: float = 1.0,
+        retry_s: float = 5.0,
+        silence_s: float | None = None,
+        source_kw: dict[str, Any] | None = None,
+    ) -> None:
+        if isinstance(spec, str):
+            self._chain: list[str | TelemetrySource] = list(expand_spec(spec))
+        else:
+            self._chain = []
+            for item in spec:
+                self._chain.extend(expand_spec(item) if isinstance(item, str) else [item])
+        if not self._chain:
+            raise TelemetryError("telemetry monitor needs at least one source")
+        self.interval_s = float(interval_s)
+        self.retry_s = float(retry_s)
+        self.silence_s = float(silence_s) if silence_s is not None else max(3 * self.interval_s, 2.0)
+        self._source_kw = dict(source_kw or {})
+        self._subs: list[Subscriber] = []
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._new_sample = threading.Condition(self._lock)
+        self.latest: Sample | None = None
+        self.latest_monotonic: float | None = None
+        self.source: TelemetrySource | None = None
+        self.active: str | None = None
+        self.samples_total = 0
+        self.failures_total = 0
+        self.switches_total = 0
+        self.events: deque[dict[str, Any]] = deque(maxlen=100)
+        self._pending_load: dict[str, Any] = {}
+
+    # ------------------------------------------------------------------ public API
+
+    def subscribe(self, callback: Subscriber) -> Callable[[], None]:
+        """Call ``callback(sample)`` from the monitor thread for every sample; returns an
+        unsubscribe function. A subscriber that raises is logged and kept."""
+        with self._lock:
+            self._subs.append(callback)
+
+        def unsubscribe() -> None:
+            with self._lock:
+                if callback in self._subs:
+                    self._subs.remove(callback)
+
+        return unsubscribe
+
+    def start(self) -> TelemetryMonitor:
+        """Start the thread (idempotent)."""
+        if self._thread is None or not self._thread.is_alive():
+            self._stop.clear()
+            self._thread = threading.Thread(target=self._run, name="cuvil-telemetry", daemon=True)
+            self._thread.start()
+        return self
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Stop the thread and close the current source."""
+        self._stop.set()
+        src = self.source
+        if src is not None:
+            try:
+                src.close()
+            except Exception:  # closing must not fail the daemon's shutdown
+                log.debug("closing %s failed", src.name, exc_info=True)
+        if self._thread is not None:
+            self._thread.join(timeout)
+            self._thread = None
+
+    def __enter__(self) -> TelemetryMonitor:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def wait_for_sample(self, timeout: float | None = None, after: int | None = None) -> Sample | None:
+        """Block until a sample newer than number ``after`` (default: any) arrives."""
+        after = self.samples_total if after is None else after
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._new_sample:
+            while self.samples_total <= after:
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    return None
+                self._new_sample.wait(remaining)
+            return self.latest
+
+    @property
+    def age_s(self) -> float | None:
+        """Seconds since the latest sample arrived (None before the first)."""
+        return None if self.latest_monotonic is None else time.monotonic() - self.latest_monotonic
+
+    def report_load(self, **load: Any) -> None:
+        """Forward the daemon's load to a source that models it (the simulator); kept and
+        re-applied when the source changes. Ignored by real sources."""
+        self._pending_load.update({k: v for k, v in load.items() if v is not None})
+        src = self.source
+        if src is not None and hasattr(src, "report_load"):
+            src.report_load(**load)
+
+    def get_status(self) -> dict[str, Any]:
+        """Plain figures for ``/metrics`` and ``/v2`` debugging."""
+        src = self.source
+        return {
+            "active": self.active,
+            "chain": [c if isinstance(c, str) else c.name for c in self._chain],
+            "samples_total": self.samples_total,
+            "failures_total": self.failures_total,
+            "switches_total": self.switches_total,
+            "age_s": self.age_s,
+            "source": src.get_status() if src is not None else None,
+            "last_event": self.events[-1] if self.events else None,
+        }
+
+    # ------------------------------------------------------------------ thread
+
+    def _event(self, kind: str, source: str, reason: str) -> None:
+        self.events.append({"t": time.time(), "kind": kind, "source": source, "reason": reason})
+
+    def _open(self, item: str | TelemetrySource) -> TelemetrySource:
+        if isinstance(item, TelemetrySource):
+            return item
+        return open_source(item, interval_s=self.interval_s, **self._source_kw)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            for item in self._chain:
+                if self._stop.is_set():
+                    return
+                label = item if isinstance(item, str) else item.name
+                try:
+                    src = self._open(item)
+                except Exception as exc:
+                    self.failures_total += 1
+                    self._event("open_failed", label, str(exc))
+                    log.info("telemetry source %s unavailable: %s", label, exc)
+                    continue
+                if self.active is not None and self.active != label:
+                    self.switches_total += 1
+                self.source, self.active = src, label
+                if self._pending_load and hasattr(src, "report_load"):
+                    src.report_load(**self._pending_load)
+                self._event("opened", label, src.name)
+                log.info("telemetry from %s", label)
+                reason = self._pump(src)
+                try:
+                    src.close()
+                except Exception:
+                    log.debug("closing %s failed", label, exc_info=True)
+                self.source = None
+                if self._stop.is_set():
+                    return
+                self.failures_total += 1
+                self._event("died", label, reason)
+                log.warning("telemetry source %s stopped: %s; trying the next one", label, reason)
+            self.active = None
+            if self._stop.wait(self.retry_s):
+                return
+
+    def _pump(self, src: TelemetrySource) -> str:
+        while not self._stop.is_set():
+            try:
+                sample = src.read(timeout=self.silence_s)
+            except SourceExhausted as exc:
+                return f"ended: {exc}"
+            except TelemetryError as exc:
+                return str(exc)
+            except Exception as exc:  # a broken source must never take the daemon down
+                return f"{type(exc).__name__}: {exc}"
+            with self._new_sample:
+                self.latest = sample
+                self.latest_monotonic = time.monotonic()
+                self.samples_total += 1
+                subs = list(self._subs)
+                self._new_sample.notify_all()
+            for cb in subs:
+                try:
+                    cb(sample)
+                except Exception:
+                    log.exception("telemetry subscriber %r failed", cb)
+        return "stopped"

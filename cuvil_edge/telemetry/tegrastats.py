@@ -1,0 +1,384 @@
+"""tegrastats: one parser for the lines of every Jetson generation, and the process source.
+
+Formats seen in recorded lines (``tests/data/tegrastats/`` has them, each with its source URL):
+
+* TX1/TX2/Nano, JetPack 4: ``RAM 2020/7852MB (lfb 1164x4MB) SWAP 149/1024MB (cached 7MB)
+  IRAM 0/252kB(lfb 252kB) CPU [9%@345,off,...] EMC_FREQ 0%@1600 GR3D_FREQ 0%@76 ...
+  PLL@42.5C ... VDD_IN 3140/3208`` (rails in mW without a unit; Nano names them ``POM_5V_*``);
+  older releases print ``CPU [X%,Y%]@Z`` with one frequency for the cluster.
+* Xavier, JetPack 4.2: rails without the ``VDD_`` prefix (``GPU 463/463 CPU 618/618``).
+* Orin, JetPack 5/6: a leading ``MM-DD-YYYY HH:MM:SS`` timestamp, rails with ``mW``,
+  ``GR3D_FREQ 0%@[0,0]`` (one frequency per GPC) or ``GR3D_FREQ 0%@1300`` plus
+  ``GR3D2_FREQ``; sensors that are off read ``-256C``.
+* Thor and Orin on JetPack 7: ``GR3D_FREQ @[1574,1574,1574]`` (no utilization),
+  ``EMC_FREQ @4266``, ``cpu@52.9C/52.9C`` (current/maximum), three-valued rails
+  ``VDD_GPU 37939mW/8660mW/37939mW`` (current/average/maximum).
+* Without sudo tegrastats leaves out EMC and GR3D: those fields stay ``None``.
+
+Units follow tegrastats: MB, kB, MHz, °C, mW. Unknown tokens are kept in ``Sample.extra`` and
+never fatal; a line with none of RAM, CPU, EMC, GR3D, a temperature or a rail is not tegrastats
+and raises :class:`~cuvil_edge.errors.TelemetryError`.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import re
+import shutil
+import subprocess
+import threading
+import time
+from collections import deque
+from datetime import datetime
+from typing import Any
+
+from cuvil_edge.errors import TelemetryError
+from cuvil_edge.telemetry.base import SourceExhausted, TelemetrySource
+from cuvil_edge.telemetry.sample import Sample
+
+__all__ = ["TegrastatsSource", "parse_tegrastats_line", "NON_DIE_SENSORS"]
+
+# Sensors whose value is a fixed trip point rather than a die reading (PMIC prints 100C or 50C on
+# TX2/Xavier whatever the load); they stay in temps_c but throttling logic ignores them.
+NON_DIE_SENSORS = frozenset({"PMIC", "pmic"})
+
+_TS_RE = re.compile(r"^\s*(\d{2})-(\d{2})-(\d{4})\s+(\d{2}):(\d{2}):(\d{2})\s+")
+_USED_TOTAL_RE = re.compile(r"^(\d+(?:\.\d+)?)/(\d+(?:\.\d+)?)(kB|MB|GB)(.*)$")
+_LFB_RE = re.compile(r"^(\d+)x(\d+(?:\.\d+)?)(kB|MB|GB)\)?$")
+_SIZE_RE = re.compile(r"^\(?(\d+(?:\.\d+)?)(kB|MB|GB)\)?$")
+_TEMP_RE = re.compile(r"^([A-Za-z][\w\-]*)@(-?\d+(?:\.\d+)?)C(?:/(-?\d+(?:\.\d+)?)C)?$")
+_RAIL_RE = re.compile(r"^(\d+(?:\.\d+)?)(?:mW)?/(\d+(?:\.\d+)?)(?:mW)?(?:/(\d+(?:\.\d+)?)(?:mW)?)?$")
+_NAME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_]*$")
+# "N%", "N%@F", "N%@[F,F]", "@F", "@[F,F]"
+_ENGINE_RE = re.compile(r"^(?:(\d+(?:\.\d+)?)%)?(?:@(?:(\d+(?:\.\d+)?)|\[([^\]]*)\]))?$")
+_VALUE_RE = re.compile(r"^(?:off|on|-?\d+(?:\.\d+)?%?(?:@\S+)?|@\S+)$")
+_CPU_CORE_RE = re.compile(r"^(\d+(?:\.\d+)?)%(?:@(\d+(?:\.\d+)?))?$")
+_OFF_TEMP_C = -256.0  # tegrastats prints this for a powered-down sensor (CV, GPU when railgated)
+
+_UNIT_MB = {"kB": 1.0 / 1024.0, "MB": 1.0, "GB": 1024.0}
+_UNIT_KB = {"kB": 1.0, "MB": 1024.0, "GB": 1024.0 * 1024.0}
+
+
+def _num(text: str) -> float:
+    value = float(text)
+    return int(value) if value.is_integer() else value  # type: ignore[return-value]
+
+
+def _freqs(text: str) -> list[float | None]:
+    out: list[float | None] = []
+    for part in text.split(","):
+        part = part.strip()
+        try:
+            out.append(_num(part))
+        except ValueError:
+            out.append(None)  # "off", "N/A"
+    return out
+
+
+def _parse_engine(token: str) -> tuple[float | None, float | None, list[float | None] | None] | None:
+    """``(util_pct, freq_mhz, per_gpc_freqs)`` of ``N%@F`` style tokens; None when it is not one."""
+    m = _ENGINE_RE.match(token)
+    if not m or token in ("", "@"):
+        return None
+    util = _num(m.group(1)) if m.group(1) is not None else None
+    if m.group(2) is not None:
+        return util, _num(m.group(2)), None
+    if m.group(3) is not None:
+        gpcs = _freqs(m.group(3))
+        known = [f for f in gpcs if f is not None]
+        return util, (max(known) if known else None), gpcs
+    return util, None, None
+
+
+def _parse_cpus(token: str) -> list[dict[str, float | None] | None]:
+    m = re.match(r"^\[([^\]]*)\](?:@(\d+(?:\.\d+)?))?$", token)
+    if not m:
+        raise ValueError(token)
+    cluster_freq = _num(m.group(2)) if m.group(2) else None
+    cores: list[dict[str, float | None] | None] = []
+    for part in m.group(1).split(","):
+        part = part.strip()
+        if part == "off":
+            cores.append(None)
+            continue
+        cm = _CPU_CORE_RE.match(part)
+        if not cm:
+            raise ValueError(part)
+        freq = _num(cm.group(2)) if cm.group(2) else cluster_freq
+        cores.append({"load_pct": _num(cm.group(1)), "freq_mhz": freq})
+    return cores
+
+
+def parse_tegrastats_line(line: str, *, now: float | None = None, source: str = "tegrastats") -> Sample:
+    """Parse one tegrastats line of any Jetson generation into a :class:`Sample`.
+
+    Args:
+        line (str): one line of tegrastats output (trailing newline allowed).
+        now (float | None): timestamp to use when the line carries none. Defaults to the time of
+            the call.
+        source (str): the ``Sample.source`` label. Defaults to ``"tegrastats"``.
+
+    Returns:
+        Sample: missing fields are None; unknown tokens land in ``extra``.
+
+    Raises:
+        TelemetryError: the line is empty or has nothing tegrastats prints.
+    """
+    text = line.strip()
+    if not text:
+        raise TelemetryError("empty line: expected a tegrastats line such as 'RAM 2020/7852MB ...'")
+    timestamp = time.time() if now is None else now
+    m = _TS_RE.match(text)
+    if m:
+        month, day, year, hh, mm, ss = (int(g) for g in m.groups())
+        try:
+            timestamp = datetime(year, month, day, hh, mm, ss).timestamp()
+        except ValueError as exc:
+            raise TelemetryError(f"bad tegrastats timestamp '{m.group(0).strip()}': {exc}") from exc
+        text = text[m.end():]
+
+    sample = Sample(timestamp=timestamp, source=source)
+    extra: dict[str, Any] = {}
+    unparsed: list[str] = []
+    core_fields = 0
+    gpc_freqs: list[float | None] = []
+    toks = text.split()
+    i = 0
+    n = len(toks)
+
+    def peek(k: int = 1) -> str:
+        return toks[i + k] if i + k < n else ""
+
+    while i < n:
+        tok = toks[i]
+        nxt = peek()
+        if tok == "RAM" and _USED_TOTAL_RE.match(nxt):
+            used, total, unit, _ = _USED_TOTAL_RE.match(nxt).groups()  # type: ignore[union-attr]
+            sample.ram_used_mb = _num(used) * _UNIT_MB[unit]
+            sample.ram_total_mb = _num(total) * _UNIT_MB[unit]
+            core_fields += 1
+            i += 2
+            if peek(0) == "(lfb":
+                lm = _LFB_RE.match(peek(1))
+                if lm:
+                    sample.lfb_count = int(lm.group(1))
+                    sample.lfb_size_kb = _num(lm.group(2)) * _UNIT_KB[lm.group(3)]
+                    i += 2
+            continue
+        if tok == "SWAP" and _USED_TOTAL_RE.match(nxt):
+            used, total, unit, _ = _USED_TOTAL_RE.match(nxt).groups()  # type: ignore[union-attr]
+            sample.swap_used_mb = _num(used) * _UNIT_MB[unit]
+            sample.swap_total_mb = _num(total) * _UNIT_MB[unit]
+            i += 2
+            if peek(0) == "(cached":
+                sm = _SIZE_RE.match(peek(1))
+                if sm:
+                    extra["swap_cached_mb"] = _num(sm.group(1)) * _UNIT_MB[sm.group(2)]
+                    i += 2
+            continue
+        if tok == "IRAM" and _USED_TOTAL_RE.match(nxt):
+            used, total, unit, rest = _USED_TOTAL_RE.match(nxt).groups()  # type: ignore[union-attr]
+            iram: dict[str, Any] = {"used_kb": _num(used) * _UNIT_KB[unit], "total_kb": _num(total) * _UNIT_KB[unit]}
+            i += 2
+            if rest.startswith("(lfb"):
+                sm = _SIZE_RE.match(peek(0))
+                if sm:
+                    iram["lfb_kb"] = _num(sm.group(1)) * _UNIT_KB[sm.group(2)]
+                    i += 1
+            extra["IRAM"] = iram
+            continue
+        if tok == "CPU" and nxt.startswith("["):
+            try:
+                sample.cpus = _parse_cpus(nxt)
+                core_fields += 1
+            except ValueError:
+                unparsed.extend([tok, nxt])
+            i += 2
+            continue
+        if tok in ("EMC_FREQ", "GR3D_FREQ", "GR3D2_FREQ"):
+            eng = _parse_engine(nxt)
+            if eng is None:
+                unparsed.append(tok)
+                i += 1
+                continue
+            util, freq, gpcs = eng
+            if tok == "EMC_FREQ":
+                sample.emc_util_pct, sample.emc_freq_mhz = util, freq
+            else:
+                if tok == "GR3D_FREQ" or sample.gpu_util_pct is None:
+                    sample.gpu_util_pct = util if tok == "GR3D_FREQ" else sample.gpu_util_pct
+                if gpcs is not None:
+                    gpc_freqs.extend(gpcs)
+                elif freq is not None:
+                    gpc_freqs.append(freq)
+                if tok == "GR3D2_FREQ":
+                    extra["GR3D2_FREQ"] = nxt
+            core_fields += 1
+            i += 2
+            continue
+        if tok == "MTS" and nxt == "fg" and i + 4 < n + 1:
+            extra["MTS"] = {"fg": peek(2), "bg": peek(4)}
+            i += 5
+            continue
+        tm = _TEMP_RE.match(tok)
+        if tm:
+            name, cur, peak = tm.group(1), float(tm.group(2)), tm.group(3)
+            if cur <= _OFF_TEMP_C:
+                extra.setdefault("temps_off", []).append(name)
+            else:
+                sample.temps_c[name] = cur
+                if peak is not None:
+                    extra.setdefault("temps_max_c", {})[name] = float(peak)
+            core_fields += 1
+            i += 1
+            continue
+        if _NAME_RE.match(tok) and nxt:
+            rm = _RAIL_RE.match(nxt)
+            if rm:
+                rail = tok
+                if rail in sample.power_mw:  # duplicated rail names ("NC 0mW/0mW" twice on Orin)
+                    k = 2
+                    while f"{tok}_{k}" in sample.power_mw:
+                        k += 1
+                    rail = f"{tok}_{k}"
+                sample.power_mw[rail] = {"cur": _num(rm.group(1)), "avg": _num(rm.group(2))}
+                if rm.group(3) is not None:
+                    extra.setdefault("power_max_mw", {})[rail] = _num(rm.group(3))
+                core_fields += 1
+                i += 2
+                continue
+            if _VALUE_RE.match(nxt):
+                eng = _parse_engine(nxt)
+                if eng is not None and (eng[0] is not None or eng[1] is not None):
+                    util, freq, gpcs = eng
+                    val: Any = {"util_pct": util, "freq_mhz": freq}
+                    if util is None and gpcs is None:
+                        val = freq
+                    elif gpcs is not None:
+                        val["gpc_freq_mhz"] = gpcs
+                elif re.fullmatch(r"-?\d+(?:\.\d+)?", nxt):
+                    val = _num(nxt)
+                else:
+                    val = nxt
+                extra[tok] = val
+                i += 2
+                continue
+        unparsed.append(tok)
+        i += 1
+
+    if gpc_freqs:
+        known = [f for f in gpc_freqs if f is not None]
+        sample.gpu_freq_mhz = max(known) if known else None
+        if len(gpc_freqs) > 1:
+            extra["gpc_freq_mhz"] = gpc_freqs
+    if core_fields == 0:
+        shown = text if len(text) <= 80 else text[:77] + "..."
+        raise TelemetryError(
+            f"not a tegrastats line (no RAM, CPU, EMC_FREQ, GR3D_FREQ, temperature or power rail): '{shown}'"
+        )
+    if unparsed:
+        extra["unparsed"] = unparsed
+    sample.extra = extra
+    return sample
+
+
+class TegrastatsSource(TelemetrySource):
+    """Runs ``tegrastats --interval MS`` and parses each line it prints.
+
+    Args:
+        interval_s (float): sampling interval. Defaults to 1.0.
+        path (str | None): the tegrastats executable. Defaults to the one on ``PATH``, then
+            ``/usr/bin/tegrastats``.
+        extra_args (list[str] | None): more arguments (for example ``["--verbose"]``).
+
+    Raises:
+        TelemetryError: tegrastats is not installed or does not start.
+    """
+
+    name = "tegrastats"
+
+    def __init__(self, interval_s: float = 1.0, path: str | None = None, extra_args: list[str] | None = None) -> None:
+        super().__init__(interval_s)
+        exe = path or shutil.which("tegrastats") or "/usr/bin/tegrastats"
+        if not (os.path.isfile(exe) and os.access(exe, os.X_OK)):
+            raise TelemetryError(f"tegrastats not found at '{exe}': not a Jetson, or use --telemetry sysfs|jtop|sim")
+        self.path = exe
+        interval_ms = max(1, int(round(interval_s * 1000)))
+        cmd = [exe, "--interval", str(interval_ms), *(extra_args or [])]
+        try:
+            self._proc = subprocess.Popen(
+                cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, bufsize=1
+            )
+        except OSError as exc:
+            raise TelemetryError(f"cannot start '{exe}': {exc}") from exc
+        self._lines: queue.Queue[str | None] = queue.Queue()
+        self._stderr: deque[str] = deque(maxlen=20)
+        self.lines_read = 0
+        self.parse_errors = 0
+        self._reader = threading.Thread(target=self._pump, name="tegrastats-reader", daemon=True)
+        self._reader.start()
+        self._err_reader = threading.Thread(target=self._pump_err, name="tegrastats-stderr", daemon=True)
+        self._err_reader.start()
+
+    def _pump(self) -> None:
+        assert self._proc.stdout is not None
+        for raw in self._proc.stdout:
+            self._lines.put(raw)
+        self._lines.put(None)
+
+    def _pump_err(self) -> None:
+        assert self._proc.stderr is not None
+        for raw in self._proc.stderr:
+            self._stderr.append(raw.rstrip())
+
+    def read(self, timeout: float | None = None) -> Sample:
+        """The next parsed line; skips (and counts) unparsable ones.
+
+        Raises:
+            TelemetryError: tegrastats exited or printed nothing within ``timeout``.
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+            try:
+                raw = self._lines.get(timeout=remaining)
+            except queue.Empty:
+                raise TelemetryError(f"tegrastats printed nothing for {timeout:.1f} s") from None
+            if raw is None:
+                self._lines.put(None)  # keep reporting the end to later calls
+                code = self._proc.wait(timeout=5)
+                tail = "; ".join(self._stderr) or "no stderr"
+                raise SourceExhausted(f"tegrastats exited with status {code} ({tail})")
+            self.lines_read += 1
+            try:
+                return parse_tegrastats_line(raw, source=self.name)
+            except TelemetryError:
+                self.parse_errors += 1
+                if self.parse_errors > 10 and self.parse_errors > self.lines_read // 2:
+                    raise
+
+    def close(self) -> None:
+        if self._proc.poll() is None:
+            self._proc.terminate()
+            try:
+                self._proc.wait(timeout=3)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+                self._proc.wait(timeout=3)
+        # Let the readers reach EOF before closing the pipes under them.
+        self._reader.join(timeout=2)
+        self._err_reader.join(timeout=2)
+        for stream in (self._proc.stdout, self._proc.stderr):
+            if stream is not None:
+                stream.close()
+
+    def get_status(self) -> dict[str, Any]:
+        return {
+            "source": self.name,
+            "path": self.path,
+            "pid": self._proc.pid,
+            "running": self._proc.poll() is None,
+            "lines_read": self.lines_read,
+            "parse_errors": self.parse_errors,
+        }
