@@ -1,0 +1,40 @@
+"""Deploy bundles to devices over SSH: atomic switch, health gate, rollback, fleet rollout.
+
+One device: :func:`deploy_device`, :func:`rollback_device`, :func:`device_status`. Many:
+:func:`rollout` (canary, batches, failure share). The CLI commands ``deploy``, ``rollback``,
+``status`` and ``install-daemon`` are thin wrappers (``deploy/cli.py``); the Ansible role in
+``deploy/ansible/`` does the same steps for teams that run Ansible.
+"""
+
+from __future__ import annotations
+
+from cuvil_edge.deploy.device import (
+    DeployOptions,
+    DeviceResult,
+    PreparedBundle,
+    deploy_device,
+    device_status,
+    prepare_bundle,
+    rollback_device,
+)
+from cuvil_edge.deploy.probe import DeviceFacts, IncompatibleDevice, check_compatible, probe_device
+from cuvil_edge.deploy.transport import DeviceAddress, SSHTransport, Unreachable, parse_address, run_sync
+
+__all__ = [
+    "DeployOptions",
+    "DeviceAddress",
+    "DeviceFacts",
+    "DeviceResult",
+    "IncompatibleDevice",
+    "PreparedBundle",
+    "SSHTransport",
+    "Unreachable",
+    "check_compatible",
+    "deploy_device",
+    "device_status",
+    "parse_address",
+    "prepare_bundle",
+    "probe_device",
+    "rollback_device",
+    "run_sync",
+]

@@ -1,0 +1,252 @@
+"""Health gate: the daemon serves the new version and the bundle's validation sample checks out.
+
+The gate passes when, within a timeout, ``/v2/models/{m}/versions/{v}/ready`` answers 200 and an
+inference on ``sample/inputs.npz`` returns outputs within the manifest's ``validation.rtol`` /
+``validation.atol`` of ``sample/expected.npz``. It speaks KServe v2 JSON over plain HTTP to a
+base URL: from the host that is an SSH port forward to the daemon's loopback port; on the device
+(the Ansible role) it is ``http://127.0.0.1:8000`` directly::
+
+    python -m cuvil_edge.deploy.health --store /var/lib/cuvil-edge --name digits --version 1.0.0
+
+prints a JSON verdict and exits 0 (healthy) or 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+__all__ = ["HealthResult", "check_health", "daemon_load", "daemon_request", "daemon_unload"]
+
+_DTYPES = {
+    "float32": "FP32", "float16": "FP16", "float64": "FP64", "int64": "INT64", "int32": "INT32",
+    "int16": "INT16", "int8": "INT8", "uint8": "UINT8", "uint16": "UINT16", "uint32": "UINT32",
+    "uint64": "UINT64", "bool": "BOOL",
+}
+_NUMPY = {v: k for k, v in _DTYPES.items()}
+
+
+@dataclass
+class HealthResult:
+    """Outcome of a health gate: ``ok`` and, when not, ``reason``."""
+
+    ok: bool
+    reason: str = ""
+    seconds: float = 0.0
+    max_abs_err: float | None = None
+    outputs_checked: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class _HTTPFailure(Exception):
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+def daemon_request(base_url: str, method: str, path: str, body: Any = None, timeout: float = 10.0,
+                   token: str | None = None) -> tuple[int, Any]:
+    """One JSON request; returns (status, decoded body). Raises _HTTPFailure(0, ...) when unreachable."""
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(base_url.rstrip("/") + path, data=data, method=method)
+    if data is not None:
+        req.add_header("Content-Type", "application/json")
+    if token:
+        req.add_header("Authorization", f"Bearer {token}")
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            raw = resp.read()
+            status = resp.status
+    except urllib.error.HTTPError as exc:
+        raw = exc.read()
+        status = exc.code
+        exc.close()
+    except (urllib.error.URLError, OSError, TimeoutError) as exc:
+        reason = getattr(exc, "reason", exc)
+        raise _HTTPFailure(0, f"daemon not reachable at {base_url}: {reason}") from None
+    try:
+        decoded = json.loads(raw) if raw else {}
+    except ValueError:
+        decoded = {"raw": raw[:200].decode(errors="replace")}
+    return status, decoded
+
+
+def _error_text(body: Any) -> str:
+    if isinstance(body, dict) and "error" in body:
+        return str(body["error"])
+    return json.dumps(body)[:200]
+
+
+def daemon_load(base_url: str, model: str, timeout: float = 60.0, token: str | None = None) -> str | None:
+    """Ask the daemon to (re)load ``model`` from the store; None on success, else the reason."""
+    try:
+        status, body = daemon_request(base_url, "POST", f"/v2/repository/models/{model}/load", {},
+                                      timeout=timeout, token=token)
+    except _HTTPFailure as exc:
+        return exc.message
+    if status != 200:
+        return f"load of {model} failed: HTTP {status}: {_error_text(body)}"
+    return None
+
+
+def daemon_unload(base_url: str, model: str, timeout: float = 30.0, token: str | None = None) -> str | None:
+    """Ask the daemon to unload ``model``; None on success, else the reason."""
+    try:
+        status, body = daemon_request(base_url, "POST", f"/v2/repository/models/{model}/unload", {},
+                                      timeout=timeout, token=token)
+    except _HTTPFailure as exc:
+        return exc.message
+    if status != 200:
+        return f"unload of {model} failed: HTTP {status}: {_error_text(body)}"
+    return None
+
+
+def _load_npz(data: bytes) -> dict[str, np.ndarray]:
+    with np.load(io.BytesIO(data), allow_pickle=False) as z:
+        return {k: z[k] for k in z.files}
+
+
+def check_health(
+    base_url: str,
+    manifest: dict[str, Any],
+    inputs_npz: bytes | None,
+    expected_npz: bytes | None,
+    timeout: float = 60.0,
+    token: str | None = None,
+    poll: float = 0.2,
+) -> HealthResult:
+    """Run the health gate against a daemon.
+
+    Args:
+        base_url (str): the daemon, e.g. ``http://127.0.0.1:8000``.
+        manifest (dict): the bundle's manifest (name, version, validation tolerances, outputs).
+        inputs_npz (bytes): ``sample/inputs.npz``; None skips the sample check (ready only).
+        expected_npz (bytes): ``sample/expected.npz``.
+        timeout (float): seconds for the whole gate. Defaults to 60.
+        token (str): bearer token of the daemon. Defaults to None.
+        poll (float): seconds between readiness polls. Defaults to 0.2.
+    """
+    start = time.monotonic()
+    deadline = start + timeout
+    name, version = manifest["name"], manifest["version"]
+    ready_path = f"/v2/models/{name}/versions/{version}/ready"
+    last = "no answer yet"
+    while True:
+        try:
+            status, body = daemon_request(base_url, "GET", ready_path, timeout=max(1.0, deadline - time.monotonic()),
+                                          token=token)
+            if status == 200:
+                break
+            last = f"model {name} version {version} not ready (HTTP {status}: {_error_text(body)})"
+        except _HTTPFailure as exc:
+            last = exc.message
+        if time.monotonic() >= deadline:
+            return HealthResult(False, f"timeout after {timeout:g} s: {last}", time.monotonic() - start)
+        time.sleep(poll)
+    if inputs_npz is None or expected_npz is None:
+        return HealthResult(True, "ready (bundle has no validation sample)", time.monotonic() - start)
+    validation = manifest.get("validation") or {}
+    rtol = float(validation.get("rtol", 1e-3))
+    atol = float(validation.get("atol", 1e-2))
+    inputs = _load_npz(inputs_npz)
+    expected = _load_npz(expected_npz)
+    request = {
+        "inputs": [
+            {"name": k, "shape": list(v.shape), "datatype": _DTYPES.get(str(v.dtype), "FP32"),
+             "data": v.reshape(-1).tolist()}
+            for k, v in inputs.items()
+        ],
+        "outputs": [{"name": k, "parameters": {"binary_data": False}} for k in expected],
+    }
+    infer_path = f"/v2/models/{name}/versions/{version}/infer"
+    while True:
+        try:
+            status, body = daemon_request(base_url, "POST", infer_path, request,
+                                          timeout=max(1.0, deadline - time.monotonic()), token=token)
+            if status == 200:
+                break
+            last = f"inference on the validation sample failed: HTTP {status}: {_error_text(body)}"
+            if 400 <= status < 500 and status not in (404, 409, 429):
+                return HealthResult(False, last, time.monotonic() - start)
+        except _HTTPFailure as exc:
+            last = exc.message
+        if time.monotonic() >= deadline:
+            return HealthResult(False, f"timeout after {timeout:g} s: {last}", time.monotonic() - start)
+        time.sleep(poll)
+    got = {o.get("name"): o for o in body.get("outputs", [])}
+    worst = 0.0
+    for key, want in expected.items():
+        out = got.get(key)
+        if out is None:
+            return HealthResult(False, f"the daemon's answer lacks output '{key}'", time.monotonic() - start)
+        dtype = _NUMPY.get(str(out.get("datatype")), "float32")
+        arr = np.asarray(out.get("data", []), dtype=dtype)
+        if arr.size != want.size:
+            return HealthResult(False, f"output '{key}' has {arr.size} values, expected {want.size}",
+                                time.monotonic() - start)
+        arr = arr.reshape(want.shape)
+        err = float(np.max(np.abs(arr.astype(np.float64) - want.astype(np.float64)))) if want.size else 0.0
+        worst = max(worst, err)
+        if not np.allclose(arr, want, rtol=rtol, atol=atol):
+            return HealthResult(
+                False,
+                f"validation sample mismatch on output '{key}': max |error| {err:.4g} exceeds "
+                f"rtol={rtol:g}/atol={atol:g}",
+                time.monotonic() - start, err, sorted(expected),
+            )
+    return HealthResult(True, "", time.monotonic() - start, worst, sorted(expected))
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Device-side health gate for a bundle already in the store (used by the Ansible role)."""
+    p = argparse.ArgumentParser(prog="python -m cuvil_edge.deploy.health", description=main.__doc__)
+    p.add_argument("--store", default="/var/lib/cuvil-edge")
+    p.add_argument("--name", required=True)
+    p.add_argument("--version", default=None, help="defaults to the version 'current' points at")
+    p.add_argument("--url", default="http://127.0.0.1:8000")
+    p.add_argument("--timeout", type=float, default=60.0)
+    p.add_argument("--token", default=os.environ.get("CUVIL_EDGE_DAEMON_TOKEN"))
+    p.add_argument("--load", action="store_true", help="ask the daemon to load the model first")
+    args = p.parse_args(argv)
+    base = os.path.join(args.store, "bundles", args.name)
+    version = args.version or os.path.basename(os.readlink(os.path.join(base, "current")))
+    vdir = os.path.join(base, version)
+    with open(os.path.join(vdir, "manifest.json"), "rb") as f:
+        manifest = json.loads(f.read())
+    val = manifest.get("validation") or {}
+
+    def member(key: str, default: str) -> bytes | None:
+        path = os.path.join(vdir, val.get(key, default))
+        if not os.path.isfile(path):
+            return None
+        with open(path, "rb") as f:
+            return f.read()
+
+    if args.load:
+        err = daemon_load(args.url, args.name, args.timeout, args.token)
+        if err:
+            print(json.dumps({"ok": False, "reason": err, "version": version}))
+            return 1
+    result = check_health(args.url, manifest, member("sample_inputs", "sample/inputs.npz"),
+                          member("sample_expected", "sample/expected.npz"), args.timeout, args.token)
+    out = result.to_dict()
+    out["version"] = version
+    print(json.dumps(out))
+    return 0 if result.ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
