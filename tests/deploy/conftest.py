@@ -33,7 +33,7 @@ def bundles(tmp_path_factory: pytest.TempPathFactory, deploy_keys: dict[str, Pat
         "v3": make_bundle(d / "digits-1.2.0.cvb", sk, "1.2.0"),
         "v4": make_bundle(d / "digits-1.3.0.cvb", sk, "1.3.0"),
         "bad_health": make_bundle(d / "digits-2.0.0-bad.cvb", sk, "2.0.0", bad_expected=True),
-        "padded": make_bundle(d / "digits-1.5.0-padded.cvb", sk, "1.5.0", padding=6 << 20),
+        "padded": make_bundle(d / "digits-1.5.0-padded.cvb", sk, "1.5.0", padding=10 << 20),
         "other_signer": make_bundle(d / "digits-1.9.0-other.cvb", deploy_keys["other_secret"], "1.9.0"),
         "orin": make_bundle(d / "digits-3.0.0-orin.cvb", sk, "3.0.0", target="orin-nano-8gb", jetpack="6.2"),
     }
