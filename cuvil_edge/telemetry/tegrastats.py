@@ -2,6 +2,7 @@
 
 Formats seen in recorded lines (``tests/data/tegrastats/`` has them, each with its source URL):
 
+* TX1 on L4T 28 (JetPack 3): ``cpu [17%,13%]@408 EMC 1%@408 GR3D 3%@76``.
 * TX1/TX2/Nano, JetPack 4: ``RAM 2020/7852MB (lfb 1164x4MB) SWAP 149/1024MB (cached 7MB)
   IRAM 0/252kB(lfb 252kB) CPU [9%@345,off,...] EMC_FREQ 0%@1600 GR3D_FREQ 0%@76 ...
   PLL@42.5C ... VDD_IN 3140/3208`` (rails in mW without a unit; Nano names them ``POM_5V_*``);
@@ -54,6 +55,9 @@ _NAME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_]*$")
 _ENGINE_RE = re.compile(r"^(?:(\d+(?:\.\d+)?)%)?(?:@(?:(\d+(?:\.\d+)?)|\[([^\]]*)\]))?$")
 _VALUE_RE = re.compile(r"^(?:off|on|-?\d+(?:\.\d+)?%?(?:@\S+)?|@\S+)$")
 _CPU_CORE_RE = re.compile(r"^(\d+(?:\.\d+)?)%(?:@(\d+(?:\.\d+)?))?$")
+# L4T 28 printed "EMC 1%@408" and "GR3D 3%@76"; later releases add "_FREQ".
+_ENGINE_ALIASES = {"EMC_FREQ": "EMC_FREQ", "EMC": "EMC_FREQ", "GR3D_FREQ": "GR3D_FREQ", "GR3D": "GR3D_FREQ",
+                   "GR3D2_FREQ": "GR3D2_FREQ"}
 _OFF_TEMP_C = -256.0  # tegrastats prints this for a powered-down sensor (CV, GPU when railgated)
 
 _UNIT_MB = {"kB": 1.0 / 1024.0, "MB": 1.0, "GB": 1024.0}
@@ -188,7 +192,7 @@ def parse_tegrastats_line(line: str, *, now: float | None = None, source: str = 
                     i += 1
             extra["IRAM"] = iram
             continue
-        if tok == "CPU" and nxt.startswith("["):
+        if tok in ("CPU", "cpu") and nxt.startswith("["):  # "cpu" on L4T 28
             try:
                 sample.cpus = _parse_cpus(nxt)
                 core_fields += 1
@@ -196,7 +200,8 @@ def parse_tegrastats_line(line: str, *, now: float | None = None, source: str = 
                 unparsed.extend([tok, nxt])
             i += 2
             continue
-        if tok in ("EMC_FREQ", "GR3D_FREQ", "GR3D2_FREQ"):
+        if tok in _ENGINE_ALIASES:
+            tok = _ENGINE_ALIASES[tok]
             eng = _parse_engine(nxt)
             if eng is None:
                 unparsed.append(tok)
