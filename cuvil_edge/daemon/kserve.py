@@ -1,0 +1,570 @@
+"""KServe v2 / Open Inference Protocol over HTTP, as Triton speaks it.
+
+Endpoints (kserve ``docs/predict-api/v2/required_api.md`` and Triton's extensions)::
+
+    GET  /v2/health/live | /v2/health/ready
+    GET  /v2                                         server metadata
+    GET  /v2/models/{m}[/versions/{v}]               model metadata
+    GET  /v2/models/{m}[/versions/{v}]/ready
+    GET  /v2/models/{m}[/versions/{v}]/config        Triton model configuration (JSON)
+    POST /v2/models/{m}[/versions/{v}]/infer         JSON and binary tensors
+    GET  /v2/models/{m}[/versions/{v}]/stats | /v2/models/stats     statistics extension
+    POST /v2/repository/index | /v2/repository/models/{m}/load | .../unload
+    GET  /metrics                                    Prometheus text
+
+Binary tensor extension (Triton ``docs/protocol/extension_binary_data.md``): with an
+``Inference-Header-Content-Length: N`` header the first N body bytes are the JSON header and the
+rest is the inputs' raw bytes in input order, each input saying ``parameters.binary_data_size``.
+Outputs come back binary when ``parameters.binary_data_output`` is true or an output asks for
+``parameters.binary_data``; the answer then carries the same header. Errors are
+``{"error": "..."}``: 400 for a bad request or unknown model (Triton's wording), 401 without the
+bearer token, 413 for a body over the limit, 503 with ``Retry-After`` while the memory pressure
+ladder rejects or the server drains, 507 when a model does not fit the memory budget.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import logging
+import time
+import zlib
+from collections.abc import Callable
+from typing import Any
+from urllib.parse import unquote
+
+import numpy as np
+
+from cuvil_edge import __version__
+from cuvil_edge.daemon.batcher import Pending
+from cuvil_edge.daemon.http import Request, json_error
+from cuvil_edge.daemon.models import ModelInstance, ModelRegistry, UnknownModel
+from cuvil_edge.daemon.pipeline import IMAGE_INPUT
+from cuvil_edge.errors import CuvilEdgeError, DaemonError
+from cuvil_edge.runtime.base import datatype_of
+
+__all__ = ["App", "BadRequest", "MemoryRefused", "decode_infer"]
+
+log = logging.getLogger("cuvil_edge.daemon.kserve")
+
+_EXTENSIONS = ["classification", "binary_tensor_data", "model_repository", "statistics",
+               "model_configuration", "system_shared_memory_disabled"]
+_OCTET = b"application/octet-stream"
+_JSON = b"application/json"
+_TEXT = b"text/plain; version=0.0.4; charset=utf-8"
+_EMPTY_OK = b"{}"
+
+
+class BadRequest(Exception):
+    """A request the client must fix; ``status`` is the HTTP code."""
+
+    def __init__(self, message: str, status: int = 400) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class MemoryRefused(DaemonError):
+    """A model's footprint does not fit the memory budget (HTTP 507)."""
+
+
+def _shape_ok(spec_shape: tuple[int, ...], shape: list[int]) -> bool:
+    if len(spec_shape) != len(shape):
+        return False
+    return all(s < 0 or s == d for s, d in zip(spec_shape, shape, strict=True))
+
+
+def _serialize_bytes(values: list[bytes]) -> bytes:
+    out = bytearray()
+    for v in values:
+        out += len(v).to_bytes(4, "little")
+        out += v
+    return bytes(out)
+
+
+def decode_infer(req_body: bytes, header_len: bytes | None, inst: ModelInstance,
+                 ) -> tuple[dict[str, Any], dict[str, np.ndarray], int, list[tuple[str, bool, int]] | None,
+                            bool]:
+    """Parse and check an infer request against the model.
+
+    Returns:
+        (header dict, input arrays, batch size, requested outputs [(name, binary, class_count)] or
+        None for all, binary_data_output flag).
+
+    Raises:
+        BadRequest: with the message for the client.
+    """
+    body = req_body
+    binary: memoryview | None = None
+    if header_len is not None:
+        try:
+            hl = int(header_len)
+        except ValueError:
+            raise BadRequest(f"Inference-Header-Content-Length {header_len!r} is not an integer") from None
+        if hl < 0 or hl > len(body):
+            raise BadRequest(f"truncated request: Inference-Header-Content-Length is {hl} but the body "
+                             f"has only {len(body)} bytes")
+        header_bytes = body[:hl]
+        binary = memoryview(body)[hl:]
+    else:
+        header_bytes = body
+    try:
+        doc = json.loads(header_bytes)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise BadRequest(f"malformed JSON in the inference request header: {exc}") from None
+    if not isinstance(doc, dict):
+        raise BadRequest("the inference request must be a JSON object")
+    items = doc.get("inputs")
+    if not isinstance(items, list) or not items:
+        raise BadRequest("the inference request needs a non-empty 'inputs' list")
+    specs = inst.input_specs
+    arrays: dict[str, np.ndarray] = {}
+    offset = 0
+    nbin = len(binary) if binary is not None else 0
+    for item in items:
+        if not isinstance(item, dict):
+            raise BadRequest("each entry of 'inputs' must be an object with name, shape, datatype")
+        name = item.get("name")
+        spec = specs.get(name) if isinstance(name, str) else None
+        if spec is None:
+            raise BadRequest(f"unexpected inference input '{name}' for model '{inst.name}'; it takes "
+                             f"{sorted(specs)}")
+        if name in arrays:
+            raise BadRequest(f"input '{name}' is given twice")
+        shape = item.get("shape")
+        if (not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool)
+                                                   and d >= 0 for d in shape)):
+            raise BadRequest(f"input '{name}': 'shape' must be a list of non-negative integers, got {shape!r}")
+        datatype = item.get("datatype")
+        if datatype != spec.datatype:
+            raise BadRequest(f"inference input '{name}' data-type is '{datatype}', but model "
+                             f"'{inst.name}' expects '{spec.datatype}'")
+        if name == IMAGE_INPUT and inst.pipeline is not None and inst.pipeline.image_spec is spec:
+            if len(shape) not in (3, 4) or shape[-1] != 3 or 0 in shape:
+                raise BadRequest(f"input '{IMAGE_INPUT}' must be UINT8 [H, W, 3] or [N, H, W, 3] (HWC RGB), "
+                                 f"got shape {shape}")
+        elif not _shape_ok(spec.shape, shape):
+            raise BadRequest(f"unexpected shape for input '{name}' for model '{inst.name}'. Expected "
+                             f"{list(spec.shape)}, got {shape}")
+        count = 1
+        for d in shape:
+            count *= d
+        dtype = spec.dtype
+        params = item.get("parameters") or {}
+        if not isinstance(params, dict):
+            raise BadRequest(f"input '{name}': 'parameters' must be an object")
+        bsize = params.get("binary_data_size")
+        if bsize is not None:
+            if binary is None:
+                raise BadRequest(f"input '{name}' has binary_data_size but the request has no "
+                                 "Inference-Header-Content-Length header")
+            expected = count * dtype.itemsize
+            if not isinstance(bsize, int) or bsize != expected:
+                raise BadRequest(f"input '{name}': binary_data_size {bsize} does not match shape {shape} of "
+                                 f"{datatype} ({expected} bytes)")
+            if offset + bsize > nbin:
+                raise BadRequest(f"truncated binary data: input '{name}' needs {bsize} bytes at offset "
+                                 f"{offset} but only {nbin - offset} remain")
+            arr = np.frombuffer(binary, dtype, count, offset).reshape(shape)  # type: ignore[arg-type]
+            if (offset + len(header_bytes)) % dtype.itemsize:
+                arr = arr.copy()  # unaligned in the body: give the runtime an aligned array
+            offset += bsize
+        else:
+            data = item.get("data")
+            if data is None:
+                raise BadRequest(f"input '{name}' has neither 'data' nor parameters.binary_data_size")
+            try:
+                arr = np.asarray(data, dtype=dtype)
+            except (ValueError, TypeError, OverflowError) as exc:
+                raise BadRequest(f"input '{name}': 'data' is not a list of {datatype} values: {exc}") from None
+            if arr.size != count:
+                raise BadRequest(f"input '{name}': {arr.size} elements given for shape {shape} "
+                                 f"({count} expected)")
+            arr = arr.reshape(shape)
+        arrays[name] = arr
+    if binary is not None and offset != nbin:
+        raise BadRequest(f"the binary part of the body has {nbin - offset} bytes that no input claims "
+                         "(check binary_data_size)")
+    # Required inputs: the model's, except the first when an image replaces it.
+    model_inputs = [s.name for s in (inst.pipeline.model_inputs if inst.pipeline else [])]
+    required = set(model_inputs)
+    if IMAGE_INPUT in arrays and model_inputs and IMAGE_INPUT not in model_inputs:
+        if model_inputs[0] in arrays:
+            raise BadRequest(f"give either '{IMAGE_INPUT}' or '{model_inputs[0]}', not both")
+        required.discard(model_inputs[0])
+        img = arrays[IMAGE_INPUT]
+        if img.ndim == 3:
+            arrays[IMAGE_INPUT] = img = img[None]
+    missing = sorted(required - set(arrays))
+    if missing:
+        raise BadRequest(f"model '{inst.name}' expects input {missing[0]!r}"
+                         + (f" (or '{IMAGE_INPUT}')" if inst.pipeline and inst.pipeline.image_spec
+                            and missing[0] == model_inputs[0] else ""))
+    if inst.max_batch:
+        sizes = {a.shape[0] for a in arrays.values()}
+        if len(sizes) != 1:
+            raise BadRequest(f"inputs disagree on the batch size (first dimension): {sorted(sizes)}")
+        n = sizes.pop()
+        if n < 1 or n > inst.max_batch:
+            raise BadRequest(f"inference request batch-size must be <= {inst.max_batch} for "
+                             f"'{inst.name}', got {n}")
+    else:
+        n = 1
+    # Outputs.
+    top_params = doc.get("parameters") or {}
+    if not isinstance(top_params, dict):
+        raise BadRequest("'parameters' must be an object")
+    binary_out = bool(top_params.get("binary_data_output", False))
+    outs_doc = doc.get("outputs")
+    outputs: list[tuple[str, bool, int]] | None = None
+    if outs_doc:
+        if not isinstance(outs_doc, list):
+            raise BadRequest("'outputs' must be a list")
+        outputs = []
+        for o in outs_doc:
+            oname = o.get("name") if isinstance(o, dict) else None
+            if oname not in inst.output_specs:
+                raise BadRequest(f"unexpected inference output '{oname}' for model '{inst.name}'; it has "
+                                 f"{sorted(inst.output_specs)}")
+            op = o.get("parameters") or {}
+            cls = op.get("classification", 0) if isinstance(op, dict) else 0
+            if not isinstance(cls, int) or cls < 0:
+                raise BadRequest(f"output '{oname}': classification must be a non-negative integer")
+            outputs.append((oname, bool(op.get("binary_data", binary_out)), cls))
+    return doc, arrays, n, outputs, binary_out
+
+
+class App:
+    """Routes requests; answers through ``request.respond``.
+
+    Args:
+        registry (ModelRegistry): the served models.
+        state (Any): the daemon's ServerState (ready, shutting_down, counters).
+        token (str | None): bearer token required everywhere but ``/v2/health/*``.
+        metrics (Callable[[], bytes]): renders ``/metrics``.
+        pressure (Callable[[], tuple[bool, float]] | None): ``(reject, retry_after_s)`` from the
+            memory pressure ladder; None when there is no scheduler.
+    """
+
+    def __init__(self, registry: ModelRegistry, state: Any, token: str | None,
+                 metrics: Callable[[], bytes], pressure: Callable[[], tuple[bool, float]] | None = None,
+                 max_body: int = 64 << 20) -> None:
+        self.registry = registry
+        self.state = state
+        self.token = f"Bearer {token}".encode() if token else None
+        self.metrics = metrics
+        self.pressure = pressure
+        self.max_body = max_body
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._server_meta = json.dumps({"name": "cuvil-edged", "version": __version__,
+                                        "extensions": _EXTENSIONS}).encode()
+
+    # ------------------------------------------------------------------ routing
+
+    def handle(self, req: Request) -> None:
+        """Serve one request (the HttpProtocol's ``handle``)."""
+        path = req.path
+        if self.token is not None and not path.startswith("/v2/health/"):
+            got = req.headers.get(b"authorization", b"")
+            if not hmac.compare_digest(got, self.token):
+                req.error(401, "missing or wrong bearer token: send 'Authorization: Bearer <token>'",
+                          [(b"www-authenticate", b'Bearer realm="cuvil-edged"')])
+                return
+        parts = path.split("/")
+        n = len(parts)
+        method = req.method
+        if n >= 4 and parts[1] == "v2" and parts[2] == "models":
+            if n == 4 and parts[3] == "stats":
+                self._get_only(req) and self._stats(req, None, None)
+                return
+            name = unquote(parts[3])
+            rest = parts[4:]
+            version = None
+            if len(rest) >= 2 and rest[0] == "versions":
+                version = unquote(rest[1])
+                rest = rest[2:]
+            action = rest[0] if rest else ""
+            if len(rest) > 1:
+                req.error(404, f"no such endpoint: {path}")
+            elif action == "infer":
+                if method != b"POST":
+                    req.error(405, "use POST for infer")
+                else:
+                    self._infer(req, name, version)
+            elif action == "":
+                self._get_only(req) and self._model_metadata(req, name, version)
+            elif action == "ready":
+                self._get_only(req) and self._model_ready(req, name, version)
+            elif action == "config":
+                self._get_only(req) and self._model_config(req, name, version)
+            elif action == "stats":
+                self._get_only(req) and self._stats(req, name, version)
+            else:
+                req.error(404, f"no such endpoint: {path}")
+            return
+        if path == "/v2/health/live":
+            req.respond(200 if not self.state.stopped else 503, b"")
+        elif path == "/v2/health/ready":
+            ok = self.state.ready and not self.state.shutting_down
+            req.respond(200 if ok else 503, b"" if ok else json_error("server is not ready"))
+        elif path in ("/v2", "/v2/"):
+            req.respond(200, self._server_meta)
+        elif path == "/metrics":
+            req.respond(200, self.metrics(), _TEXT)
+        elif n >= 4 and parts[1] == "v2" and parts[2] == "repository":
+            if method != b"POST":
+                req.error(405, "use POST for repository requests")
+            elif n == 4 and parts[3] == "index":
+                self._index(req)
+            elif n == 7 and parts[3] == "models" and parts[5] in ("load", "unload"):
+                self._repo(req, unquote(parts[4]), parts[5])
+            else:
+                req.error(404, f"no such endpoint: {path}")
+        else:
+            req.error(404, f"no such endpoint: {path}")
+
+    @staticmethod
+    def _get_only(req: Request) -> bool:
+        if req.method not in (b"GET", b"HEAD"):
+            req.error(405, f"use GET for {req.path}")
+            return False
+        return True
+
+    def _lookup(self, req: Request, name: str, version: str | None) -> ModelInstance | None:
+        try:
+            return self.registry.get(name, version)
+        except UnknownModel as exc:
+            req.error(400, str(exc))
+            return None
+
+    # ------------------------------------------------------------------ metadata
+
+    def _model_metadata(self, req: Request, name: str, version: str | None) -> None:
+        inst = self._lookup(req, name, version)
+        if inst is None:
+            return
+        doc = {
+            "name": inst.name,
+            "versions": [inst.version],
+            "platform": "tensorrt_plan" if inst.backend.kind == "tensorrt" else "onnxruntime_onnx",
+            "inputs": [{"name": s.name, "datatype": s.datatype, "shape": list(s.shape)}
+                       for s in inst.input_specs.values()],
+            "outputs": [{"name": s.name, "datatype": s.datatype, "shape": list(s.shape)}
+                        for s in inst.output_specs.values()],
+        }
+        req.respond(200, json.dumps(doc).encode())
+
+    def _model_ready(self, req: Request, name: str, version: str | None) -> None:
+        inst = self._lookup(req, name, version)
+        if inst is not None:
+            req.respond(200, b"")
+
+    def _model_config(self, req: Request, name: str, version: str | None) -> None:
+        inst = self._lookup(req, name, version)
+        if inst is None:
+            return
+        mb = inst.max_batch
+
+        def tensor(s: Any, optional: bool = False) -> dict[str, Any]:
+            dims = list(s.shape[1:] if mb else s.shape)
+            d = {"name": s.name, "data_type": "TYPE_" + s.datatype, "dims": dims}
+            if optional:
+                d["optional"] = True
+            return d
+
+        pipe = inst.pipeline
+        image = pipe.image_spec if pipe else None
+        cfg: dict[str, Any] = {
+            "name": inst.name,
+            "platform": "tensorrt_plan" if inst.backend.kind == "tensorrt" else "onnxruntime_onnx",
+            "backend": "tensorrt" if inst.backend.kind == "tensorrt" else "onnxruntime",
+            "version_policy": {"specific": {"versions": [inst.version]}},
+            "max_batch_size": mb,
+            "input": [tensor(s, optional=(image is not None and i == 0)) for i, s in
+                      enumerate(pipe.model_inputs if pipe else [])] + ([tensor(image, True)] if image else []),
+            "output": [tensor(s) for s in inst.output_specs.values()],
+            "instance_group": [{"count": inst.batcher.max_depth if inst.batcher else 1,
+                                "kind": "KIND_GPU" if inst.backend.kind == "tensorrt" else "KIND_CPU"}],
+            "parameters": {"cuvil.bundle": {"string_value": str(inst.bundle_dir)},
+                           "cuvil.precision": {"string_value": str(inst.manifest.get("precision", ""))}},
+        }
+        if mb and inst.batcher is not None:
+            cfg["dynamic_batching"] = {"preferred_batch_size": inst.batcher.preferred,
+                                       "max_queue_delay_microseconds": inst.batcher.max_delay_ns // 1000}
+        req.respond(200, json.dumps(cfg).encode())
+
+    def _stats(self, req: Request, name: str | None, version: str | None) -> None:
+        if name is None:
+            stats = [i.stats.to_dict() for i in self.registry.instances()]
+        else:
+            inst = self._lookup(req, name, version)
+            if inst is None:
+                return
+            stats = [inst.stats.to_dict()]
+        req.respond(200, json.dumps({"model_stats": stats}).encode())
+
+    # ------------------------------------------------------------------ repository
+
+    def _index(self, req: Request) -> None:
+        ready_only = False
+        if req.body:
+            try:
+                doc = json.loads(req.body)
+                ready_only = bool(doc.get("ready", False)) if isinstance(doc, dict) else False
+            except ValueError:
+                req.error(400, "malformed JSON in the repository index request")
+                return
+        items = self.registry.index()
+        if ready_only:
+            items = [i for i in items if i["state"] == "READY"]
+        req.respond(200, json.dumps(items).encode())
+
+    def _repo(self, req: Request, name: str, action: str) -> None:
+        version = None
+        if req.body:
+            try:
+                doc = json.loads(req.body)
+            except ValueError:
+                req.error(400, f"malformed JSON in the {action} request")
+                return
+            params = doc.get("parameters") if isinstance(doc, dict) else None
+            if isinstance(params, dict) and isinstance(params.get("version"), str):
+                version = params["version"]
+        coro = self._load(req, name, version) if action == "load" else self._unload(req, name)
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)  # keep a hard reference until done
+        task.add_done_callback(self._tasks.discard)
+
+    async def _load(self, req: Request, name: str, version: str | None) -> None:
+        try:
+            await self.registry.load(name, version)
+        except MemoryRefused as exc:
+            req.error(507, f"failed to load '{name}': {exc}")
+        except CuvilEdgeError as exc:
+            req.error(400, f"failed to load '{name}': {exc}")
+        except Exception as exc:
+            log.exception("loading %s failed", name)
+            req.error(500, f"failed to load '{name}': {type(exc).__name__}: {exc}")
+        else:
+            req.respond(200, b"")
+
+    async def _unload(self, req: Request, name: str) -> None:
+        try:
+            await self.registry.unload(name)
+        except CuvilEdgeError as exc:
+            req.error(400, str(exc))
+        else:
+            req.respond(200, b"")
+
+    # ------------------------------------------------------------------ inference
+
+    def _infer(self, req: Request, name: str, version: str | None) -> None:
+        inst = self._lookup(req, name, version)
+        if inst is None:
+            self.state.failed_unknown += 1
+            return
+        if self.pressure is not None:
+            reject, retry = self.pressure()
+            if reject:
+                inst.stats.rejected += 1
+                inst.stats.record_request(False, 0)
+                req.error(503, "memory pressure: the daemon is refusing new requests for now; retry later",
+                          [(b"retry-after", str(max(1, int(round(retry)))).encode())])
+                return
+        body = req.body
+        enc = req.headers.get(b"content-encoding")
+        try:
+            if enc is not None and enc.lower() in (b"gzip", b"deflate"):
+                body = self._decompress(body, enc.lower())
+            doc, arrays, n, outputs, binary_out = decode_infer(
+                body, req.headers.get(b"inference-header-content-length"), inst)
+        except BadRequest as exc:
+            inst.stats.record_request(False, int((time.perf_counter() - req.received) * 1e9))
+            req.error(exc.status, str(exc))
+            return
+        if IMAGE_INPUT in arrays and inst.pipeline is not None and inst.pipeline.image_spec is not None:
+            key: Any = IMAGE_INPUT
+        else:
+            key = tuple((k, a.shape[1:]) for k, a in arrays.items()) if inst.max_batch else None
+        rid = doc.get("id")
+        wanted = [o[0] for o in outputs] if outputs is not None else None
+        out_list = outputs if outputs is not None else [(s, binary_out, 0) for s in inst.output_specs]
+        encode = self._encoder(inst, out_list, rid)
+        p = Pending(arrays, n, key, wanted, self._deliver, encode, (req, inst))
+        req.state = p
+        inst.submit(p)
+
+    def _decompress(self, body: bytes, enc: bytes) -> bytes:
+        wbits = 31 if enc == b"gzip" else 15
+        d = zlib.decompressobj(wbits)
+        try:
+            out = d.decompress(body, self.max_body + 1)
+        except zlib.error as exc:
+            raise BadRequest(f"request body is not valid {enc.decode()} data: {exc}") from None
+        if len(out) > self.max_body or d.unconsumed_tail:
+            raise BadRequest(f"decompressed request body exceeds the limit of {self.max_body} bytes", 413)
+        return out
+
+    @staticmethod
+    def _encoder(inst: ModelInstance, out_list: list[tuple[str, bool, int]],
+                 rid: Any) -> Callable[[Pending], tuple[int, Any, bytes, list[tuple[bytes, bytes]] | None]]:
+        name, version = inst.name, inst.version
+
+        def encode(p: Pending) -> tuple[int, Any, bytes, list[tuple[bytes, bytes]] | None]:
+            result = p.result
+            assert result is not None
+            outs = []
+            blobs: list[bytes] = []
+            for oname, binary, cls in out_list:
+                arr = result[oname]
+                if cls:
+                    rows = arr.reshape(arr.shape[0] if arr.ndim > 1 else 1, -1)
+                    k = min(cls, rows.shape[1])
+                    idx = np.argsort(-rows, axis=1, kind="stable")[:, :k]
+                    vals = np.take_along_axis(rows, idx, 1)
+                    strings = [f"{v:f}:{i}".encode() for rv, ri in zip(vals, idx, strict=True)
+                               for v, i in zip(rv.tolist(), ri.tolist(), strict=True)]
+                    entry: dict[str, Any] = {"name": oname, "datatype": "BYTES", "shape": [rows.shape[0], k]}
+                    if binary:
+                        blob = _serialize_bytes(strings)
+                        entry["parameters"] = {"binary_data_size": len(blob)}
+                        blobs.append(blob)
+                    else:
+                        entry["data"] = [s.decode() for s in strings]
+                else:
+                    entry = {"name": oname, "datatype": datatype_of(arr.dtype), "shape": list(arr.shape)}
+                    if binary:
+                        blob = np.ascontiguousarray(arr).tobytes()
+                        entry["parameters"] = {"binary_data_size": len(blob)}
+                        blobs.append(blob)
+                    else:
+                        entry["data"] = arr.ravel().tolist()
+                outs.append(entry)
+            doc: dict[str, Any] = {"model_name": name, "model_version": version, "outputs": outs}
+            if rid is not None:
+                doc["id"] = rid
+            js = json.dumps(doc, separators=(",", ":")).encode()
+            if blobs:
+                return 200, [js, *blobs], _OCTET, [(b"inference-header-content-length", str(len(js)).encode())]
+            return 200, js, _JSON, None
+
+        return encode
+
+    def _deliver(self, p: Pending) -> None:
+        req, inst = p.ctx
+        inst.inflight -= 1
+        elapsed = int((time.perf_counter() - req.received) * 1e9)
+        if req.cancelled:
+            inst.stats.cancelled += 1
+            inst.stats.record_request(False, elapsed)
+            return
+        if p.error is not None:
+            inst.stats.record_request(False, elapsed)
+            req.error(*p.error)
+        elif p.body is None:
+            inst.stats.record_request(False, elapsed)
+            req.error(500, "the request was dropped without an answer")
+        else:
+            inst.stats.record_request(True, elapsed)
+            status, body, ctype, headers = p.body
+            req.respond(status, body, ctype, headers)

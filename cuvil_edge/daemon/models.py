@@ -1,0 +1,439 @@
+"""Loaded models: one :class:`ModelInstance` per served version, and the :class:`ModelRegistry`.
+
+Loading happens in a worker thread (store lookup, optional signature check, memory admission,
+backend activation, warm-up on the bundle's sample with a check against ``sample/expected.npz``).
+Only then does the registry swap the new instance in; the old one keeps answering the requests
+it already holds and is retired once they are done. A failed load leaves the old instance
+serving. So a reload never fails a request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from cuvil_edge.daemon.batcher import Batcher, Pending
+from cuvil_edge.daemon.metrics import ModelStats
+from cuvil_edge.daemon.pipeline import Pipeline
+from cuvil_edge.daemon.store import BundleStore, read_manifest_dict
+from cuvil_edge.errors import CuvilEdgeError, DaemonError
+from cuvil_edge.runtime import Backend, BackendOptions, TensorSpec, load_backend
+
+__all__ = ["ModelEntry", "ModelInstance", "ModelRegistry", "UnknownModel"]
+
+log = logging.getLogger("cuvil_edge.daemon.models")
+
+
+class UnknownModel(DaemonError):
+    """The request names a model (or version) that is not being served."""
+
+
+class ModelInstance:
+    """One model version being served: backend, pipeline, batcher and counters.
+
+    Args:
+        name (str): model name.
+        version (str): bundle version.
+        bundle_dir (Path): the extracted bundle.
+        manifest (dict): its manifest.
+        backend (Backend): the (inactive) backend.
+        max_batch_cap (int | None): the daemon's cap on batch size.
+        preferred (list[int]): preferred batch sizes.
+        max_queue_delay_us (int): batcher delay.
+        max_depth (int): batches in flight at most.
+        inline_us (float): run a request on the event loop when the batcher is idle and a batch-1
+            execution takes less than this (0: never).
+    """
+
+    def __init__(self, name: str, version: str, bundle_dir: Path, manifest: dict[str, Any],
+                 backend: Backend, max_batch_cap: int | None = None, preferred: list[int] | None = None,
+                 max_queue_delay_us: int = 0, max_depth: int = 2, inline_us: float = 0.0) -> None:
+        self.name = name
+        self.version = version
+        self.bundle_dir = bundle_dir
+        self.manifest = manifest
+        self.backend = backend
+        self.stats = ModelStats(name, version)
+        self.pipeline: Pipeline | None = None
+        self.batcher: Batcher | None = None
+        self.inflight = 0
+        self.loaded_at = 0.0
+        self.last_used = time.monotonic()
+        self.footprint_bytes = 0
+        self._cap = max_batch_cap
+        self._preferred = list(preferred or [])
+        self._delay = max_queue_delay_us
+        self._depth = max_depth
+        self.max_batch = 0
+        self.inline_us = inline_us
+        self.single_us: float | None = None  # EWMA of a batch-1 execution, microseconds
+        self.input_specs: dict[str, TensorSpec] = {}
+        self.output_specs: dict[str, TensorSpec] = {}
+
+    # ------------------------------------------------------------------ loading (worker thread)
+
+    def load(self, warmup: bool = True) -> None:
+        """Activate the backend, build the pipeline, warm up and check the sample."""
+        self.backend.activate()
+        try:
+            ins, outs = self.backend.inputs, self.backend.outputs
+            self.pipeline = Pipeline(self.manifest, ins, outs)
+            batching = bool(ins) and all(s.shape and s.shape[0] == -1 for s in ins)
+            mb = int(self.manifest.get("max_batch") or 0)
+            if batching:
+                mb = mb or 8
+                if self._cap:
+                    mb = min(mb, self._cap)
+            self.max_batch = mb if batching else 0
+            self.input_specs = {s.name: s for s in self.pipeline.request_inputs}
+            self.output_specs = {s.name: s for s in self.pipeline.request_outputs}
+            if warmup:
+                self._warmup()
+            self.footprint_bytes = self.backend.footprint().total
+        except BaseException:
+            self.backend.deactivate()
+            raise
+        self.loaded_at = time.time()
+
+    def _warmup(self) -> None:
+        sample = self._sample()
+        feeds: list[dict[str, np.ndarray]] = []
+        if sample is not None:
+            feeds.append(sample)
+        else:
+            feeds.append(self._zeros(1))
+        if self.max_batch > 1:
+            feeds.append(self._zeros(self.max_batch))
+        for feed in feeds:
+            self.backend.infer(feed)
+        if sample is not None:
+            self._check_expected(sample)
+        one = self._zeros(1)
+        self.backend.infer(one)
+        t0 = time.perf_counter()
+        self.backend.infer(one)
+        self.single_us = (time.perf_counter() - t0) * 1e6
+
+    def _zeros(self, n: int) -> dict[str, np.ndarray]:
+        feed = {}
+        for s in self.backend.inputs:
+            shape = tuple(n if (i == 0 and d < 0) else (d if d > 0 else 1) for i, d in enumerate(s.shape))
+            feed[s.name] = np.zeros(shape, s.dtype)
+        return feed
+
+    def _sample(self) -> dict[str, np.ndarray] | None:
+        rel = (self.manifest.get("validation") or {}).get("sample_inputs", "sample/inputs.npz")
+        path = self.bundle_dir / rel
+        if not path.is_file():
+            return None
+        with np.load(path) as npz:
+            feed = {s.name: npz[s.name] for s in self.backend.inputs if s.name in npz.files}
+        if len(feed) != len(self.backend.inputs):
+            return None
+        if self.max_batch:
+            feed = {k: v[: self.max_batch] for k, v in feed.items()}
+        return feed
+
+    def _check_expected(self, sample: dict[str, np.ndarray]) -> None:
+        val = self.manifest.get("validation") or {}
+        path = self.bundle_dir / val.get("sample_expected", "sample/expected.npz")
+        if not path.is_file():
+            return
+        got = self.backend.infer(sample)
+        rtol, atol = float(val.get("rtol", 1e-3)), float(val.get("atol", 1e-2))
+        with np.load(path) as npz:
+            for name, arr in got.items():
+                if name not in npz.files:
+                    continue
+                exp = npz[name][: arr.shape[0]] if self.max_batch else npz[name]
+                if exp.shape != arr.shape or not np.allclose(arr, exp, rtol=rtol, atol=atol):
+                    worst = float(np.max(np.abs(arr - exp))) if exp.shape == arr.shape else float("nan")
+                    raise DaemonError(
+                        f"{self.name} {self.version}: output {name!r} on the bundle's sample differs from "
+                        f"{path.name} (max abs error {worst:.4g}, atol {atol}, rtol {rtol}); the bundle "
+                        "does not run correctly on this device, the previous version stays")
+
+    # ------------------------------------------------------------------ serving
+
+    def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Start the batcher (on the loop, after :meth:`load`)."""
+        self.batcher = Batcher(f"{self.name}:{self.version}", self.execute, loop, self.max_batch,
+                               self._preferred, self._delay, self._depth)
+        self._update_inline(self.single_us)
+
+    def submit(self, p: Pending) -> None:
+        """Run or queue a request (loop thread); ``p.deliver`` gets the outcome."""
+        self.inflight += 1
+        self.last_used = time.monotonic()
+        b = self.batcher
+        assert b is not None
+        if not b.run_inline(p):
+            b.submit(p)
+
+    def execute(self, batch: list[Pending]) -> None:
+        """Run one batch (worker thread): prepare, concatenate, infer, post-process, split, encode."""
+        t0 = time.perf_counter_ns()
+        pipe = self.pipeline
+        assert pipe is not None
+        ready: list[tuple[Pending, dict[str, np.ndarray]]] = []
+        for p in batch:
+            if p.cancelled:
+                continue
+            try:
+                ready.append((p, pipe.prepare(p.inputs)))
+            except CuvilEdgeError as exc:
+                p.error = (400, str(exc))
+            except Exception as exc:
+                p.error = (400, f"pre-processing failed: {type(exc).__name__}: {exc}")
+        if not ready:
+            return
+        wanted: set[str] | None = set()
+        for p, _ in ready:
+            if p.outputs is None:
+                wanted = None
+                break
+            wanted.update(p.outputs)  # type: ignore[union-attr]
+        if len(ready) == 1:
+            feed = ready[0][1]
+        else:
+            feed = {name: np.concatenate([f[name] for _, f in ready]) for name in ready[0][1]}
+        size = next(iter(feed.values())).shape[0] if self.max_batch else 1
+        t1 = time.perf_counter_ns()
+        try:
+            out = self.backend.infer(feed, pipe.needs_model_output(wanted))
+        except Exception as exc:
+            msg = f"inference failed for model '{self.name}' version {self.version}: {exc}"
+            for p, _ in ready:
+                p.error = (500, msg)
+            return
+        t2 = time.perf_counter_ns()
+        try:
+            out = pipe.postprocess(out, wanted)
+        except Exception as exc:
+            for p, _ in ready:
+                p.error = (500, f"post-processing failed: {exc}")
+            return
+        offset = 0
+        for p, _ in ready:
+            n = p.n
+            p.result = {k: v[offset:offset + n] for k, v in out.items()} if len(ready) > 1 else out
+            offset += n
+            if p.encode is not None:
+                try:
+                    p.body = p.encode(p)
+                except Exception as exc:
+                    p.error = (500, f"encoding the answer failed: {exc}")
+            p.result = None
+        t3 = time.perf_counter_ns()
+        if len(ready) == 1 and size <= 1:
+            self._update_inline((t3 - t0) / 1000)
+        self.stats.record_batch(size, (p.queue_ns for p, _ in ready), t1 - t0, t2 - t1, t3 - t2, len(ready))
+
+    def _update_inline(self, us: float | None) -> None:
+        if us is None:
+            return
+        ewma = self.single_us = us if self.single_us is None else 0.8 * self.single_us + 0.2 * us
+        if self.batcher is not None:
+            self.batcher.inline_ok = self.inline_us > 0 and ewma < self.inline_us
+
+    def close(self) -> None:
+        """Stop the batcher and free the backend (worker thread)."""
+        if self.batcher is not None:
+            self.batcher.stop()
+        self.backend.deactivate()
+
+
+@dataclass
+class ModelEntry:
+    """A model name's serving state (repository index entry)."""
+
+    name: str
+    instance: ModelInstance | None = None
+    state: str = "UNAVAILABLE"
+    reason: str = ""
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+
+class ModelRegistry:
+    """The models being served, with load/unload/swap.
+
+    Args:
+        store (BundleStore): where bundles come from.
+        options (BackendOptions): backend options.
+        config (Any): the daemon Config (batching, warm-up, public key).
+        admit (Callable | None): ``admit(name, version, bundle_dir, manifest, estimate_bytes)``
+            raising DaemonError when the model does not fit (memory co-scheduler); None to skip.
+        release (Callable | None): ``release(name, version)`` when an instance is retired.
+        measured (Callable | None): ``measured(name, version, bytes)`` after a load.
+    """
+
+    def __init__(self, store: BundleStore, options: BackendOptions, config: Any,
+                 admit: Callable[..., Any] | None = None,
+                 release: Callable[[str, str], Any] | None = None,
+                 measured: Callable[[str, str, int], Any] | None = None) -> None:
+        self.store = store
+        self.options = options
+        self.config = config
+        self.admit = admit
+        self.release = release
+        self.measured = measured
+        self.entries: dict[str, ModelEntry] = {}
+        self._retiring: set[asyncio.Task[None]] = set()  # hard references (uvicorn lifespan)
+        self.retired_instances: list[ModelInstance] = []
+
+    # ------------------------------------------------------------------ lookups (loop)
+
+    def get(self, name: str, version: str | None = None) -> ModelInstance:
+        """The instance serving ``name`` (and ``version`` if given); raises UnknownModel."""
+        entry = self.entries.get(name)
+        inst = entry.instance if entry is not None else None
+        if inst is None:
+            if entry is not None and entry.reason:
+                raise UnknownModel(f"Request for unknown model: '{name}' has no available versions"
+                                   f" ({entry.reason})")
+            raise UnknownModel(f"Request for unknown model: '{name}' is not found")
+        if version not in (None, "", inst.version):
+            raise UnknownModel(f"Request for unknown model: '{name}' version {version} is not found "
+                               f"(serving version {inst.version})")
+        return inst
+
+    def instances(self) -> list[ModelInstance]:
+        """Every instance currently serving."""
+        return [e.instance for e in self.entries.values() if e.instance is not None]
+
+    def index(self) -> list[dict[str, Any]]:
+        """Repository index: every model in the store and every loaded one."""
+        names = set(self.store.names()) | set(self.entries)
+        out = []
+        for name in sorted(names):
+            e = self.entries.get(name)
+            if e is not None and e.instance is not None:
+                out.append({"name": name, "version": e.instance.version, "state": e.state, "reason": e.reason})
+            else:
+                try:
+                    version = self.store.current(name) or ""
+                except OSError:
+                    version = ""
+                item = {"name": name, "version": version, "state": e.state if e else "UNAVAILABLE",
+                        "reason": (e.reason if e else "not loaded")}
+                out.append(item)
+        return out
+
+    # ------------------------------------------------------------------ load / unload (loop)
+
+    async def load(self, name: str, version: str | None = None) -> ModelInstance:
+        """Load ``name`` (store's current version unless ``version``) and swap it in.
+
+        Raises:
+            CuvilEdgeError: the load failed; whatever served before still serves.
+        """
+        loop = asyncio.get_running_loop()
+        entry = self.entries.get(name)
+        if entry is None:
+            entry = self.entries[name] = ModelEntry(name)
+        async with entry.lock:
+            previous_state = entry.state
+            if entry.instance is None:
+                entry.state = "LOADING"
+            try:
+                inst = await loop.run_in_executor(None, self._build, name, version)
+            except BaseException as exc:
+                if entry.instance is None:
+                    entry.state = "UNAVAILABLE"
+                    entry.reason = f"load failed: {exc}"
+                else:
+                    entry.state = previous_state
+                log.error("loading model %s failed: %s", name, exc)
+                raise
+            inst.start(loop)
+            old = entry.instance
+            entry.instance = inst
+            entry.state = "READY"
+            entry.reason = ""
+            log.info("model %s version %s ready (%s backend, max batch %d, %.1f MiB)", name, inst.version,
+                     inst.backend.kind, inst.max_batch, inst.footprint_bytes / 1048576)
+            if old is not None:
+                self._retire(old)
+            return inst
+
+    async def unload(self, name: str) -> None:
+        """Stop serving ``name``; requests it already holds still complete.
+
+        Raises:
+            UnknownModel: the model is not loaded.
+        """
+        entry = self.entries.get(name)
+        if entry is None or entry.instance is None:
+            raise UnknownModel(f"failed to unload '{name}': the model is not loaded")
+        async with entry.lock:
+            old = entry.instance
+            entry.instance = None
+            entry.state = "UNAVAILABLE"
+            entry.reason = "unloaded"
+            if old is not None:
+                self._retire(old)
+                log.info("model %s version %s unloaded", name, old.version)
+
+    def _build(self, name: str, version: str | None) -> ModelInstance:
+        """Worker thread: everything up to a warmed, checked instance."""
+        bundle_dir = self.store.path(name, version)
+        if self.config.pub is not None:
+            from cuvil_edge.bundle import verify_directory
+
+            verify_directory(bundle_dir, self.config.pub)
+        manifest = read_manifest_dict(bundle_dir)
+        if str(manifest.get("name")) != name:
+            raise DaemonError(f"{bundle_dir}/manifest.json names model {manifest.get('name')!r}, "
+                              f"but it is stored under {name!r}; reinstall the bundle")
+        ver = str(manifest["version"])
+        backend = load_backend(bundle_dir, manifest, self.options)
+        inst = ModelInstance(name, ver, bundle_dir, manifest, backend, self.config.max_batch,
+                             self.config.preferred_batch, self.config.max_queue_delay_us,
+                             max(1, self.config.max_depth), float(self.config.inline_us))
+        estimate = backend.footprint().total
+        if self.admit is not None:
+            self.admit(name, ver, bundle_dir, manifest, estimate)
+        try:
+            inst.load(warmup=self.config.warmup)
+        except BaseException:
+            if self.release is not None:
+                self.release(name, ver)
+            raise
+        if self.measured is not None:
+            self.measured(name, ver, inst.footprint_bytes)
+        return inst
+
+    def _retire(self, inst: ModelInstance) -> None:
+        task = asyncio.ensure_future(self._retire_when_idle(inst))
+        self._retiring.add(task)
+        task.add_done_callback(self._retiring.discard)
+
+    async def _retire_when_idle(self, inst: ModelInstance) -> None:
+        while inst.inflight > 0:
+            await asyncio.sleep(0.01)
+        await asyncio.get_running_loop().run_in_executor(None, inst.close)
+        if self.release is not None:
+            try:
+                self.release(inst.name, inst.version)
+            except Exception:
+                log.exception("memory release for %s failed", inst.name)
+        self.retired_instances.append(inst)
+        del self.retired_instances[:-8]
+
+    async def close_all(self) -> None:
+        """Retire every instance and wait for it (shutdown)."""
+        for entry in self.entries.values():
+            if entry.instance is not None:
+                self._retire(entry.instance)
+                entry.instance = None
+                entry.state = "UNAVAILABLE"
+                entry.reason = "server shutting down"
+        if self._retiring:
+            await asyncio.gather(*list(self._retiring), return_exceptions=True)

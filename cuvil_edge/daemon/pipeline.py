@@ -1,0 +1,307 @@
+"""Pre- and post-processing from a bundle's manifest spec, around the backend's model call.
+
+Pre-processing (``preprocess.kind == "image"``): besides the model's own tensor input, the
+daemon accepts an input named :data:`IMAGE_INPUT` (``"image"``), datatype UINT8, shape
+``[H, W, 3]`` or ``[N, H, W, 3]`` (HWC, RGB, any size). It is resized to the spec's ``size``
+(bilinear or nearest; letterboxed when ``letterbox`` is true), channel-swapped for ``color: BGR``,
+normalized ``(x - mean) / std``, laid out NCHW or NHWC, and fed as the model's first input.
+
+Post-processing adds outputs computed from the model's first output:
+
+* ``classification``: :data:`TOPK_SCORES` (FP32 ``[N, k]``, softmax probabilities when
+  ``softmax`` is true) and :data:`TOPK_CLASSES` (INT64 ``[N, k]``), best first;
+* ``detection``: :data:`DETECTIONS` (FP32 ``[N, max_detections, 6]``: x1, y1, x2, y2, score,
+  class; zero rows after the last) and :data:`NUM_DETECTIONS` (INT32 ``[N]``). The raw output is
+  ``[N, A, 4 + C]`` or ``[N, 4 + C, A]`` (YOLOv8 style, transposed when the middle dimension is
+  the smaller), boxes in ``box_format``.
+
+The heavy steps use :mod:`cuvil_edge.sve` kernels when that package imports and its library is
+built, numpy otherwise (the same arithmetic; the kernels' scalar path is their reference).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from cuvil_edge.errors import DaemonError
+from cuvil_edge.runtime.base import TensorSpec
+
+__all__ = [
+    "DETECTIONS",
+    "IMAGE_INPUT",
+    "NUM_DETECTIONS",
+    "TOPK_CLASSES",
+    "TOPK_SCORES",
+    "Pipeline",
+    "kernels",
+]
+
+log = logging.getLogger("cuvil_edge.daemon.pipeline")
+
+IMAGE_INPUT = "image"
+TOPK_SCORES = "topk_scores"
+TOPK_CLASSES = "topk_classes"
+DETECTIONS = "detections"
+NUM_DETECTIONS = "num_detections"
+
+_SVE: Any = None
+_SVE_CHECKED = False
+
+
+def kernels() -> Any:
+    """The :mod:`cuvil_edge.sve` module when importable and built, else None (numpy is used)."""
+    global _SVE, _SVE_CHECKED
+    if not _SVE_CHECKED:
+        _SVE_CHECKED = True
+        try:
+            from cuvil_edge import sve
+
+            info = sve.cpu_info() if hasattr(sve, "cpu_info") else None
+            _SVE = sve if info is not None else None
+        except Exception as exc:  # missing package, unbuilt library (KernelError), bad ABI
+            log.info("cuvil_edge.sve kernels not usable (%s); using numpy", exc)
+            _SVE = None
+    return _SVE
+
+
+# ---------------------------------------------------------------------- numpy reference ops
+
+def _resize_bilinear(img: np.ndarray, oh: int, ow: int) -> np.ndarray:
+    """HWC uint8/float -> HWC float32, half-pixel centres (as OpenCV/PIL bilinear)."""
+    ih, iw = img.shape[:2]
+    if (ih, iw) == (oh, ow):
+        return img.astype(np.float32)
+    ys = np.clip((np.arange(oh, dtype=np.float32) + 0.5) * (ih / oh) - 0.5, 0, ih - 1)
+    xs = np.clip((np.arange(ow, dtype=np.float32) + 0.5) * (iw / ow) - 0.5, 0, iw - 1)
+    y0 = ys.astype(np.intp)
+    x0 = xs.astype(np.intp)
+    y1 = np.minimum(y0 + 1, ih - 1)
+    x1 = np.minimum(x0 + 1, iw - 1)
+    wy = (ys - y0)[:, None, None]
+    wx = (xs - x0)[None, :, None]
+    f = img.astype(np.float32, copy=False)
+    top = f[y0][:, x0] * (1 - wx) + f[y0][:, x1] * wx
+    bot = f[y1][:, x0] * (1 - wx) + f[y1][:, x1] * wx
+    return top * (1 - wy) + bot * wy
+
+
+def _resize_nearest(img: np.ndarray, oh: int, ow: int) -> np.ndarray:
+    ih, iw = img.shape[:2]
+    ys = np.minimum((np.arange(oh) * ih) // oh, ih - 1)
+    xs = np.minimum((np.arange(ow) * iw) // ow, iw - 1)
+    return img[ys][:, xs].astype(np.float32)
+
+
+def _softmax(x: np.ndarray) -> np.ndarray:
+    e = np.exp(x - x.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def _topk(x: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    k = min(k, x.shape[-1])
+    if x.shape[-1] <= 256:  # one sort beats partition + gather + sort on short rows
+        idx = np.argsort(-x, axis=-1, kind="stable")[..., :k]
+        return np.take_along_axis(x, idx, -1), idx.astype(np.int64)
+    idx = np.argpartition(-x, k - 1, axis=-1)[..., :k]
+    vals = np.take_along_axis(x, idx, axis=-1)
+    order = np.argsort(-vals, axis=-1, kind="stable")
+    return np.take_along_axis(vals, order, -1), np.take_along_axis(idx, order, -1).astype(np.int64)
+
+
+def _nms(boxes: np.ndarray, scores: np.ndarray, iou: float, limit: int) -> np.ndarray:
+    """Greedy NMS on xyxy boxes; indices kept, best first."""
+    order = np.argsort(-scores, kind="stable")
+    x1, y1, x2, y2 = boxes.T
+    area = np.maximum(x2 - x1, 0) * np.maximum(y2 - y1, 0)
+    keep: list[int] = []
+    while order.size and len(keep) < limit:
+        i = int(order[0])
+        keep.append(i)
+        rest = order[1:]
+        w = np.maximum(np.minimum(x2[i], x2[rest]) - np.maximum(x1[i], x1[rest]), 0)
+        h = np.maximum(np.minimum(y2[i], y2[rest]) - np.maximum(y1[i], y1[rest]), 0)
+        inter = w * h
+        ov = inter / np.maximum(area[i] + area[rest] - inter, 1e-12)
+        order = rest[ov <= iou]
+    return np.asarray(keep, dtype=np.int64)
+
+
+class Pipeline:
+    """Pre-processing, model call and post-processing for one bundle.
+
+    Args:
+        manifest (Mapping[str, Any]): the bundle manifest (dict).
+        inputs (list[TensorSpec]): the model's inputs (from the backend).
+        outputs (list[TensorSpec]): the model's outputs.
+    """
+
+    def __init__(self, manifest: Mapping[str, Any], inputs: list[TensorSpec],
+                 outputs: list[TensorSpec]) -> None:
+        self.model_inputs = inputs
+        self.model_outputs = outputs
+        self.pre = dict(manifest.get("preprocess") or {"kind": "none"})
+        self.post = dict(manifest.get("postprocess") or {"kind": "none"})
+        self.image_spec: TensorSpec | None = None
+        if self.pre.get("kind") == "image":
+            if not inputs:
+                raise DaemonError("image preprocess needs a model input")
+            size = self.pre.get("size") or []
+            if len(size) != 2:
+                raise DaemonError(f"manifest preprocess.size {size!r} must be [height, width]")
+            self.image_spec = TensorSpec(IMAGE_INPUT, np.dtype(np.uint8), (-1, -1, -1, 3))
+            self._mean = np.asarray(self.pre.get("mean", [0.0, 0.0, 0.0]), np.float32)
+            self._std = np.asarray(self.pre.get("std", [1.0, 1.0, 1.0]), np.float32)
+        self.post_specs: list[TensorSpec] = []
+        kind = self.post.get("kind", "none")
+        if kind == "classification" and outputs:
+            k = int(self.post.get("top_k", 5))
+            self.post_specs = [TensorSpec(TOPK_SCORES, np.dtype(np.float32), (-1, k)),
+                               TensorSpec(TOPK_CLASSES, np.dtype(np.int64), (-1, k))]
+        elif kind == "detection" and outputs:
+            m = int(self.post.get("max_detections", 100))
+            self.post_specs = [TensorSpec(DETECTIONS, np.dtype(np.float32), (-1, m, 6)),
+                               TensorSpec(NUM_DETECTIONS, np.dtype(np.int32), (-1,))]
+        self.post_names = {s.name for s in self.post_specs}
+
+    # ------------------------------------------------------------------ description
+
+    @property
+    def request_inputs(self) -> list[TensorSpec]:
+        """Inputs a request may carry (the model's, plus ``image`` with an image preprocess)."""
+        return self.model_inputs + ([self.image_spec] if self.image_spec else [])
+
+    @property
+    def request_outputs(self) -> list[TensorSpec]:
+        """Outputs a request may ask for (the model's plus post-processing's)."""
+        return self.model_outputs + self.post_specs
+
+    # ------------------------------------------------------------------ pre-processing
+
+    def prepare(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """The model feed for one request (converts ``image`` when given)."""
+        if self.image_spec is None or IMAGE_INPUT not in inputs:
+            return inputs
+        img = inputs[IMAGE_INPUT]
+        batch = img if img.ndim == 4 else img[None]
+        tensor = np.stack([self.preprocess_image(frame) for frame in batch])
+        feed = {k: v for k, v in inputs.items() if k != IMAGE_INPUT}
+        feed[self.model_inputs[0].name] = tensor.astype(self.model_inputs[0].dtype, copy=False)
+        return feed
+
+    def preprocess_image(self, img: np.ndarray) -> np.ndarray:
+        """One HWC uint8 RGB frame -> the model's input layout (no batch dimension)."""
+        oh, ow = (int(v) for v in self.pre["size"])
+        if img.ndim != 3 or img.shape[2] != 3:
+            raise DaemonError(f"input '{IMAGE_INPUT}' must be HWC with 3 channels, got shape {list(img.shape)}")
+        if self.pre.get("color", "RGB").upper() == "BGR":
+            img = img[..., ::-1]
+        method = self.pre.get("resize", "bilinear")
+        letterbox = bool(self.pre.get("letterbox", False))
+        sve = kernels()
+        ih, iw = img.shape[:2]
+        if letterbox:
+            scale = min(oh / ih, ow / iw)
+            rh, rw = max(1, round(ih * scale)), max(1, round(iw * scale))
+        else:
+            rh, rw = oh, ow
+        out: np.ndarray | None = None
+        if sve is not None and method == "bilinear" and not letterbox:
+            try:
+                out = np.asarray(sve.resize_normalize(np.ascontiguousarray(img), (oh, ow),
+                                                      self._mean, self._std), np.float32)
+                if out.shape != (oh, ow, 3):
+                    out = None
+            except Exception as exc:  # a kernel never takes the daemon down: fall back to numpy
+                log.debug("sve.resize_normalize failed (%s); numpy fallback", exc)
+                out = None
+        if out is None:
+            resized = (_resize_nearest if method == "nearest" else _resize_bilinear)(img, rh, rw)
+            if letterbox:
+                canvas = np.empty((oh, ow, 3), np.float32)
+                canvas[...] = self._mean  # pads normalize to 0
+                top, left = (oh - rh) // 2, (ow - rw) // 2
+                canvas[top:top + rh, left:left + rw] = resized
+                resized = canvas
+            out = (resized - self._mean) / self._std
+        if self.pre.get("layout", "NCHW").upper() == "NCHW":
+            out = out.transpose(2, 0, 1)
+        return np.ascontiguousarray(out, dtype=np.float32)
+
+    # ------------------------------------------------------------------ post-processing
+
+    def needs_model_output(self, wanted: set[str] | None) -> list[str] | None:
+        """Model outputs to compute for the union of requested names (None: all)."""
+        if wanted is None:
+            return None
+        names = [s.name for s in self.model_outputs if s.name in wanted]
+        if wanted & self.post_names and self.model_outputs and self.model_outputs[0].name not in names:
+            names.append(self.model_outputs[0].name)
+        return names
+
+    def postprocess(self, outputs: dict[str, np.ndarray], wanted: set[str] | None) -> dict[str, np.ndarray]:
+        """Add post-processing outputs that were asked for (all when ``wanted`` is None)."""
+        if not self.post_specs or (wanted is not None and not (wanted & self.post_names)):
+            return outputs
+        raw = outputs[self.model_outputs[0].name]
+        kind = self.post.get("kind")
+        if kind == "classification":
+            scores, classes = self._classify(raw)
+            outputs[TOPK_SCORES] = scores
+            outputs[TOPK_CLASSES] = classes
+        elif kind == "detection":
+            dets, counts = self._detect(raw)
+            outputs[DETECTIONS] = dets
+            outputs[NUM_DETECTIONS] = counts
+        return outputs
+
+    def _classify(self, logits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        k = int(self.post.get("top_k", 5))
+        x = logits.reshape(logits.shape[0], -1).astype(np.float32, copy=False)
+        soft = bool(self.post.get("softmax", True))
+        sve = kernels()
+        if sve is not None and soft:
+            try:
+                vals, idx = sve.softmax_topk(np.ascontiguousarray(x), k)
+                return np.asarray(vals, np.float32), np.asarray(idx, np.int64)
+            except Exception as exc:
+                log.debug("sve.softmax_topk failed (%s); numpy fallback", exc)
+        if soft:
+            x = _softmax(x)
+        vals, idx = _topk(x, k)
+        return vals.astype(np.float32), idx
+
+    def _detect(self, raw: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        p = self.post
+        limit = int(p.get("max_detections", 100))
+        thr = float(p.get("score_threshold", 0.25))
+        iou = float(p.get("iou_threshold", 0.45))
+        agnostic = bool(p.get("class_agnostic", False))
+        if raw.ndim != 3:
+            raise DaemonError(f"detection postprocess needs a [N, A, 4+C] output, got {list(raw.shape)}")
+        if raw.shape[1] < raw.shape[2]:
+            raw = raw.transpose(0, 2, 1)
+        n = raw.shape[0]
+        dets = np.zeros((n, limit, 6), np.float32)
+        counts = np.zeros((n,), np.int32)
+        for b in range(n):
+            boxes = raw[b, :, :4].astype(np.float32)
+            cls_scores = raw[b, :, 4:]
+            cls = cls_scores.argmax(-1)
+            score = cls_scores.max(-1)
+            sel = score >= thr
+            boxes, cls, score = boxes[sel], cls[sel], score[sel]
+            if p.get("box_format", "cxcywh") == "cxcywh":
+                cx, cy, w, h = boxes.T
+                boxes = np.stack([cx - w / 2, cy - h / 2, cx + w / 2, cy + h / 2], -1)
+            shifted = boxes if agnostic else boxes + (cls.astype(np.float32) * 1e4)[:, None]
+            keep = _nms(shifted, score, iou, limit)
+            m = len(keep)
+            dets[b, :m, :4] = boxes[keep]
+            dets[b, :m, 4] = score[keep]
+            dets[b, :m, 5] = cls[keep]
+            counts[b] = m
+        return dets, counts

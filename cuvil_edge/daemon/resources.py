@@ -1,0 +1,361 @@
+"""The server's link to the board: telemetry, memory co-scheduler, prefetch controller, systemd.
+
+:class:`Resources` wires part A's objects into serving:
+
+* :class:`~cuvil_edge.telemetry.TelemetryMonitor` (``--telemetry SPEC``) supplies samples; the
+  daemon reports its own load back (``report_load``: the simulator answers it).
+* :class:`~cuvil_edge.daemon.scheduler.MemoryScheduler` admits each model version's footprint
+  before it loads (a refusal is HTTP 507 on a repository load), learns the measured size after,
+  and runs the pressure ladder from each sample: the server applies ``batch_cap`` to every
+  batcher, ``prefetch_cap`` to the depth, unloads the least recently used idle model at
+  ``UNLOAD_LRU`` and answers 503 + ``Retry-After`` while ``should_reject``.
+* :class:`~cuvil_edge.daemon.scheduler.PrefetchController` picks the batches in flight per model
+  from GPU/EMC utilization, throttling, memory level and the p95 queue delay against the
+  model's ``latency_target_ms.p95``.
+* ``sd_notify`` (``READY=1``, ``STATUS=``, ``WATCHDOG=1``, ``STOPPING=1``) through
+  :mod:`cuvil_edge.daemon.systemd` when present, else a built-in datagram sender.
+
+Everything here degrades: no telemetry means no ladder steps (admission still uses the board's
+RAM), and a failing piece is logged, never fatal to serving.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from cuvil_edge.errors import CuvilEdgeError, DaemonError
+
+__all__ = ["Resources"]
+
+log = logging.getLogger("cuvil_edge.daemon.resources")
+
+
+def _builtin_notify(*lines: str) -> bool:
+    """sd_notify without libsystemd: one datagram to ``$NOTIFY_SOCKET``."""
+    path = os.environ.get("NOTIFY_SOCKET")
+    if not path:
+        return False
+    addr = "\0" + path[1:] if path.startswith("@") else path
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC) as s:
+            s.sendto("\n".join(lines).encode(), addr)
+        return True
+    except OSError as exc:
+        log.debug("sd_notify failed: %s", exc)
+        return False
+
+
+def _io_bytes_per_item(manifest: dict[str, Any]) -> int:
+    from cuvil_edge.runtime.base import TensorSpec
+
+    total = 0
+    for entry in list(manifest.get("inputs") or []) + list(manifest.get("outputs") or []):
+        try:
+            spec = TensorSpec.from_manifest(entry)
+        except CuvilEdgeError:
+            continue
+        n = 1
+        for d in spec.shape[1:]:
+            n *= max(d, 1)
+        total += n * spec.dtype.itemsize
+    return total
+
+
+class Resources:
+    """Telemetry + memory co-scheduler + prefetch + systemd for the server.
+
+    Args:
+        config (Any): the daemon Config (``telemetry``, ``board``, ``memory_reserve_mb``,
+            ``max_depth``, ``tick``).
+    """
+
+    def __init__(self, config: Any) -> None:
+        self.config = config
+        self.monitor: Any = None
+        self.scheduler: Any = None
+        self.prefetch: dict[str, Any] = {}
+        self.target: Any = None
+        self.registry: Any = None
+        self._notify: Callable[..., Any] = _builtin_notify
+        self._seen = 0
+        self._last_tick = time.monotonic()
+        self._last_infer_ns: dict[str, int] = {}
+        self.depths: dict[str, int] = {}
+        self.busy_pct = 0.0
+        usec = os.environ.get("WATCHDOG_USEC")
+        # systemd kills at WATCHDOG_USEC without a ping; a batch stuck for half of that stops pings.
+        self.stuck_after_s = max(1.0, int(usec) / 2e6) if usec and usec.isdigit() else 60.0
+
+    @property
+    def has_scheduler(self) -> bool:
+        """Whether a memory scheduler runs (so the pressure check is worth calling)."""
+        return self.scheduler is not None
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def start(self) -> None:
+        """Open telemetry, create the scheduler. Raises DaemonError for a bad board or spec."""
+        cfg = self.config
+        try:
+            from cuvil_edge.daemon import systemd
+
+            notify = getattr(systemd, "notify", None)
+            if callable(notify):
+                self._notify = notify
+        except ImportError:
+            pass
+        if cfg.board:
+            from cuvil_edge.targets import get_target
+
+            try:
+                self.target = get_target(cfg.board)
+            except CuvilEdgeError as exc:
+                raise DaemonError(f"--board {cfg.board!r}: {exc}") from exc
+        try:
+            from cuvil_edge.daemon.scheduler import MemoryScheduler, PressureLevel
+        except ImportError as exc:
+            log.warning("memory co-scheduler unavailable (%s): loads are not checked against a budget", exc)
+        else:
+            self.scheduler = MemoryScheduler(target=self.target, reserve_mb=cfg.memory_reserve_mb)
+            self.scheduler.on_step(PressureLevel.UNLOAD_LRU, self._unload_lru)
+            self.scheduler.on_step(PressureLevel.RELEASE_IDLE, self._release_idle)
+        if cfg.telemetry:
+            try:
+                from cuvil_edge.telemetry import TelemetryMonitor, expand_spec
+            except ImportError as exc:
+                raise DaemonError(f"--telemetry {cfg.telemetry}: telemetry is not available: {exc}") from exc
+            try:
+                expand_spec(cfg.telemetry)
+                self.monitor = TelemetryMonitor(cfg.telemetry, interval_s=max(0.1, min(1.0, cfg.tick)))
+            except CuvilEdgeError as exc:
+                raise DaemonError(f"--telemetry {cfg.telemetry!r}: {exc}") from exc
+            self.monitor.start()
+
+    def bind(self, registry: Any) -> None:
+        """Give the ladder access to the registry (for UNLOAD_LRU)."""
+        self.registry = registry
+
+    def close(self) -> None:
+        """Stop telemetry."""
+        if self.monitor is not None:
+            self.monitor.stop()
+            self.monitor = None
+
+    def notify(self, *lines: str) -> None:
+        """sd_notify; a no-op outside systemd."""
+        try:
+            self._notify(*lines)
+        except Exception as exc:  # notification must never break serving
+            log.debug("sd_notify %s failed: %s", lines, exc)
+
+    # ------------------------------------------------------------------ admission
+
+    @staticmethod
+    def key(name: str, version: str) -> str:
+        """Reservation name of a model version (both versions are resident during a swap)."""
+        return f"{name}:{version}"
+
+    def admit(self, name: str, version: str, bundle_dir: Path, manifest: dict[str, Any], estimate: int) -> None:
+        """Reserve a model version's footprint; raises MemoryRefused when it does not fit."""
+        if self.scheduler is None:
+            return
+        from cuvil_edge.daemon.kserve import MemoryRefused
+        from cuvil_edge.daemon.scheduler import MemoryBudgetError
+
+        max_batch = max(1, int(self.config.max_batch or manifest.get("max_batch") or 1))
+        try:
+            need = self.scheduler.estimate_footprint(bundle_dir, max_batch, self.config.max_depth,
+                                                     _io_bytes_per_item(manifest))
+        except CuvilEdgeError:
+            need = estimate
+        try:
+            self.scheduler.admit(self.key(name, version), max(need, estimate))
+        except MemoryBudgetError as exc:
+            raise MemoryRefused(str(exc)) from exc
+
+    def measured(self, name: str, version: str, nbytes: int) -> None:
+        """Replace the estimate with the measured size."""
+        if self.scheduler is not None and nbytes > 0:
+            try:
+                self.scheduler.measure(self.key(name, version), nbytes)
+            except CuvilEdgeError as exc:
+                log.debug("measure: %s", exc)
+
+    def release(self, name: str, version: str) -> None:
+        """Forget a retired version's reservation."""
+        if self.scheduler is not None:
+            self.scheduler.release(self.key(name, version))
+
+    def pressure(self) -> tuple[bool, float]:
+        """(reject new requests?, Retry-After seconds)."""
+        s = self.scheduler
+        if s is None or not s.should_reject():
+            return False, 0.0
+        return True, float(s.retry_after_s)
+
+    # ------------------------------------------------------------------ ladder actions
+
+    def _unload_lru(self, name: str) -> None:
+        reg = self.registry
+        if reg is None:
+            return
+        model, _, version = name.rpartition(":")
+        entry = reg.entries.get(model)
+        if entry is None or entry.instance is None or entry.instance.version != version:
+            self.scheduler.release(name)
+            return
+        log.warning("memory pressure: unloading the least recently used idle model %s", name)
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return
+        task = loop.create_task(reg.unload(model))
+        task.add_done_callback(lambda t: t.exception())
+
+    def _release_idle(self, names: list[str]) -> None:
+        # ONNX Runtime keeps its arena; what the daemon can drop are pooled host buffers. The
+        # scheduler counts the step; idle contexts come back on the next request.
+        log.warning("memory pressure: releasing idle contexts of %s", ", ".join(names) or "no model")
+
+    # ------------------------------------------------------------------ tick
+
+    def tick(self, instances: list[Any]) -> None:
+        """Feed the latest sample to the scheduler and prefetch, apply their decisions, report load."""
+        now = time.monotonic()
+        dt = max(1e-3, now - self._last_tick)
+        self._last_tick = now
+        sample = None
+        if self.monitor is not None:
+            latest = self.monitor.latest
+            if latest is not None and self.monitor.samples_total != self._seen:
+                self._seen = self.monitor.samples_total
+                sample = latest
+        level = 0
+        if self.scheduler is not None:
+            inflight = 0
+            for inst in instances:
+                if inst.batcher is not None:
+                    inflight += (inst.batcher.queued + inst.batcher.active * max(1, inst.max_batch)) * \
+                        _io_bytes_per_item(inst.manifest)
+                if inst.inflight:
+                    self.scheduler.touch(self.key(inst.name, inst.version))
+            self.scheduler.set_dynamic_bytes(inflight)
+            if sample is not None:
+                self.scheduler.update(sample)
+            level = int(self.scheduler.level)
+        busy_total = 0.0
+        for inst in instances:
+            key = self.key(inst.name, inst.version)
+            infer_ns = inst.stats.compute_infer.ns
+            prev = self._last_infer_ns.get(key, infer_ns)
+            self._last_infer_ns[key] = infer_ns
+            busy = min(100.0, 100.0 * (infer_ns - prev) / 1e9 / dt)
+            busy_total += busy
+            b = inst.batcher
+            if b is None:
+                continue
+            if self.scheduler is not None:
+                b.set_cap(self.scheduler.batch_cap(max(1, inst.max_batch)))
+            ctl = self.prefetch.get(key)
+            if ctl is None:
+                try:
+                    from cuvil_edge.daemon.scheduler import PrefetchController
+                except ImportError:
+                    continue
+                ctl = self.prefetch[key] = PrefetchController(1, b.max_depth, initial_depth=min(2, b.max_depth))
+            target = (inst.manifest.get("latency_target_ms") or {}).get("p95")
+            depth = ctl.update(sample, inst.stats.queue_p95_ms(), float(target) if target else None,
+                               memory_level=level, gpu_busy_pct=busy)
+            if self.scheduler is not None:
+                depth = min(depth, self.scheduler.prefetch_cap(b.max_depth))
+            b.set_depth(depth)
+            self.depths[key] = b.depth
+        live = {self.key(i.name, i.version) for i in instances}
+        for key in list(self.prefetch):
+            if key not in live:
+                self.prefetch.pop(key, None)
+                self.depths.pop(key, None)
+                self._last_infer_ns.pop(key, None)
+        self.busy_pct = min(100.0, busy_total)
+        if self.monitor is not None:
+            resident = sum(i.footprint_bytes for i in instances)
+            try:
+                self.monitor.report_load(busy_fraction=self.busy_pct / 100.0, resident_bytes=resident,
+                                         inflight_bytes=self.scheduler.dynamic_bytes if self.scheduler else 0)
+            except Exception as exc:
+                log.debug("report_load failed: %s", exc)
+
+    # ------------------------------------------------------------------ metrics
+
+    def gauges(self, instances: list[Any]) -> dict[str, tuple[str, list[tuple[dict[str, str], Any]]]]:
+        """Board and scheduler gauges for /metrics (absent figures are left out, never 0)."""
+        g: dict[str, tuple[str, list[tuple[dict[str, str], Any]]]] = {}
+        sample = self.monitor.latest if self.monitor is not None else None
+        if sample is not None:
+            g["cuvil_board_gpu_utilization_percent"] = ("GPU (GR3D) utilization", [({}, sample.gpu_util_pct)])
+            g["cuvil_board_gpu_frequency_mhz"] = ("GPU frequency", [({}, sample.gpu_freq_mhz)])
+            g["cuvil_board_emc_utilization_percent"] = ("Memory controller (EMC) utilization",
+                                                        [({}, sample.emc_util_pct)])
+            g["cuvil_board_ram_used_bytes"] = ("RAM in use on the board",
+                                               [({}, None if sample.ram_used_mb is None
+                                                 else int(sample.ram_used_mb * 1048576))])
+            g["cuvil_board_ram_total_bytes"] = ("RAM of the board",
+                                                [({}, None if sample.ram_total_mb is None
+                                                  else int(sample.ram_total_mb * 1048576))])
+            g["cuvil_board_swap_used_bytes"] = ("Swap in use",
+                                                [({}, None if sample.swap_used_mb is None
+                                                  else int(sample.swap_used_mb * 1048576))])
+            rails = sample.power_mw or {}
+            g["cuvil_board_power_milliwatts"] = ("Power rail, current reading",
+                                                 [({"rail": r}, v.get("cur")) for r, v in rails.items()])
+            temps = sample.temps_c or {}
+            g["cuvil_board_temperature_celsius"] = ("Temperature by sensor",
+                                                    [({"sensor": k}, v) for k, v in temps.items()])
+        if self.monitor is not None:
+            st = self.monitor
+            g["cuvil_telemetry_sample_age_seconds"] = ("Age of the latest telemetry sample", [({}, st.age_s)])
+            g["cuvil_telemetry_source_up"] = ("Telemetry source in use", [({"source": str(st.active)}, 1)])
+        g["cuvil_daemon_busy_percent"] = ("Share of the last tick the models computed", [({}, self.busy_pct)])
+        g["cuvil_prefetch_depth"] = (
+            "Batches allowed in flight (prefetch depth)",
+            [({"model": k.rpartition(":")[0], "version": k.rpartition(":")[2]}, v) for k, v in self.depths.items()])
+        if self.scheduler is not None:
+            snap = self.scheduler.snapshot()
+            for key, help_text in (("budget_bytes", "Memory budget: RAM - reserve - other processes"),
+                                   ("used_bytes", "Memory the daemon accounts for"),
+                                   ("headroom_bytes", "Budget left"),
+                                   ("reserve_bytes", "RAM reserved for the system"),
+                                   ("other_bytes", "RAM used by other processes"),
+                                   ("total_bytes", "Board RAM"),
+                                   ("dynamic_bytes", "In-flight request and batch buffers"),
+                                   ("peak_used_bytes", "Peak memory the daemon accounted for")):
+                g[f"cuvil_memory_{key}"] = (help_text, [({}, snap[key])])
+            g["cuvil_memory_pressure_level"] = (
+                "Pressure ladder step (0 normal .. 5 reject)", [({"step": snap["level_name"]}, snap["level"])])
+        return g
+
+    def counters(self) -> dict[str, tuple[str, list[tuple[dict[str, str], Any]]]]:
+        """Scheduler and telemetry counters for /metrics."""
+        c: dict[str, tuple[str, list[tuple[dict[str, str], Any]]]] = {}
+        if self.scheduler is not None:
+            snap = self.scheduler.snapshot()
+            c["cuvil_memory_pressure_steps_total"] = (
+                "Pressure ladder steps entered", [({"step": k}, v) for k, v in snap["steps_total"].items()])
+            c["cuvil_memory_rejected_admissions_total"] = (
+                "Model loads refused by the memory budget", [({}, snap["rejected_admissions"])])
+        if self.prefetch:
+            c["cuvil_prefetch_changes_total"] = (
+                "Prefetch depth changes",
+                [({"model": k.rpartition(":")[0], "version": k.rpartition(":")[2]}, v.changes)
+                 for k, v in self.prefetch.items()])
+        if self.monitor is not None:
+            c["cuvil_telemetry_samples_total"] = ("Telemetry samples read", [({}, self.monitor.samples_total)])
+            c["cuvil_telemetry_failures_total"] = ("Telemetry source failures", [({}, self.monitor.failures_total)])
+        return c

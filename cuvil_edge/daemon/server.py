@@ -1,0 +1,334 @@
+"""The daemon's process: listen, load models, tick, handle signals, drain and exit.
+
+As uvicorn's ``server.py``: :class:`Server` owns the event loop work, :class:`ServerState` the
+counters every connection shares. Lifespan is a small state machine::
+
+    starting -> (bind, load + warm models) -> ready  --SIGTERM--> draining -> stopped
+                                               ^  |
+                                               +--+ SIGHUP: rescan the store, load/swap/unload
+
+``READY=1`` goes to systemd only once every model loaded and warmed; the tick loop (every
+``--tick`` seconds) sweeps idle connections, feeds telemetry to the memory co-scheduler and the
+prefetch controller, applies their decisions, and sends ``WATCHDOG=1`` only while the serving
+loop makes progress (no batch stuck longer than the watchdog allows). SIGTERM stops accepting,
+lets in-flight requests finish (up to ``--drain-timeout``), closes connections, frees backends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import socket
+import stat
+import time
+from pathlib import Path
+from typing import Any
+
+from cuvil_edge.daemon.config import Config
+from cuvil_edge.daemon.http import HttpProtocol
+from cuvil_edge.daemon.kserve import App
+from cuvil_edge.daemon.metrics import render_prometheus
+from cuvil_edge.daemon.models import ModelRegistry
+from cuvil_edge.daemon.resources import Resources
+from cuvil_edge.daemon.store import BundleStore
+from cuvil_edge.errors import CuvilEdgeError, DaemonError
+from cuvil_edge.runtime import BackendOptions
+
+__all__ = ["STARTUP_FAILURE", "Server", "ServerState"]
+
+log = logging.getLogger("cuvil_edge.daemon")
+
+STARTUP_FAILURE = 3  # exit code, as uvicorn's
+
+
+class ServerState:
+    """Counters and flags shared by the connections and the server."""
+
+    def __init__(self, max_body: int) -> None:
+        self.max_body = max_body
+        self.connections: set[HttpProtocol] = set()
+        self.inflight = 0
+        self.total_requests = 0
+        self.protocol_errors = 0
+        self.failed_unknown = 0
+        self.client_gone = 0
+        self.ready = False
+        self.shutting_down = False
+        self.stopped = False
+        self.phase = "starting"
+
+    def on_request_done(self, req: Any, status: int) -> None:
+        self.inflight -= 1
+        self.total_requests += 1
+
+    def on_client_gone(self, req: Any) -> None:
+        self.inflight -= 1
+        self.client_gone += 1
+
+    def on_protocol_error(self, status: int) -> None:
+        self.protocol_errors += 1
+
+
+class Server:
+    """Runs the daemon for a :class:`Config`.
+
+    Args:
+        config (Config): the settings.
+    """
+
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        self.state = ServerState(config.max_body_bytes)
+        self.store = BundleStore(config.store)
+        self.resources = Resources(config)
+        self.registry: ModelRegistry | None = None
+        self.app: App | None = None
+        self._servers: list[asyncio.AbstractServer] = []
+        self._stop: asyncio.Event | None = None  # created on the loop
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self.bound: list[str] = []
+        self.started_at = time.time()
+
+    # ------------------------------------------------------------------ entry point
+
+    def run(self) -> int:
+        """Serve until SIGTERM/SIGINT; return the exit code (0, or 3 on a startup failure)."""
+        try:
+            return asyncio.run(self.serve())
+        except KeyboardInterrupt:
+            return 0
+
+    async def serve(self) -> int:
+        """The lifespan state machine (see the module docstring)."""
+        loop = asyncio.get_running_loop()
+        self._stop = asyncio.Event()
+        try:
+            await self.startup(loop)
+        except (CuvilEdgeError, OSError) as exc:
+            log.error("startup failed: %s", exc)
+            self.resources.notify(f"STATUS=startup failed: {exc}")
+            await self._close_listeners()
+            if self.registry is not None:
+                await self.registry.close_all()
+            self.resources.close()
+            return STARTUP_FAILURE
+        for sig, handler in ((signal.SIGTERM, self._on_term), (signal.SIGINT, self._on_term),
+                             (signal.SIGHUP, self._on_hup)):
+            with contextlib.suppress(NotImplementedError, RuntimeError):
+                loop.add_signal_handler(sig, handler)
+        tick = asyncio.ensure_future(self._tick_loop())
+        await self._stop.wait()
+        await self.shutdown()
+        tick.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await tick
+        return 0
+
+    # ------------------------------------------------------------------ startup
+
+    async def startup(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Check the store, bind, start telemetry, load and warm the models, then report ready."""
+        cfg = self.config
+        self.store.check()
+        self.resources.start()
+        opts = BackendOptions(device=cfg.device, intra_op_threads=cfg.intra_op_threads,
+                              max_batch=cfg.max_batch)
+        self.registry = ModelRegistry(self.store, opts, cfg, admit=self.resources.admit,
+                                      release=self.resources.release, measured=self.resources.measured)
+        self.resources.bind(self.registry)
+        self.app = App(self.registry, self.state, cfg.token, self.render_metrics,
+                       self.resources.pressure if self.resources.has_scheduler else None,
+                       max_body=cfg.max_body_bytes)
+        await self._listen(loop)
+        self.resources.notify("STATUS=loading models")
+        names = cfg.models or self.store.names()
+        for name in names:
+            try:
+                await self.registry.load(name)
+            except CuvilEdgeError as exc:
+                if cfg.strict:
+                    raise DaemonError(f"model {name!r} failed to load: {exc}") from exc
+                log.error("model %s not served: %s", name, exc)
+        self.state.ready = True
+        self.state.phase = "ready"
+        loaded = [f"{i.name}:{i.version}" for i in self.registry.instances()]
+        log.info("cuvil-edged ready on %s serving %s", ", ".join(self.bound), ", ".join(loaded) or "no models")
+        self.resources.notify("READY=1", f"STATUS=serving {len(loaded)} model(s) on {', '.join(self.bound)}")
+
+    async def _listen(self, loop: asyncio.AbstractEventLoop) -> None:
+        cfg = self.config
+        app, state = self.app, self.state
+        assert app is not None
+
+        def factory() -> HttpProtocol:
+            return HttpProtocol(app.handle, state)
+
+        if cfg.uds is not None:
+            path = Path(cfg.uds)
+            if path.exists() or path.is_symlink():
+                if not stat.S_ISSOCK(path.lstat().st_mode):
+                    raise DaemonError(f"--uds {path}: exists and is not a socket; remove it or pick another path")
+                path.unlink()
+            srv = await loop.create_unix_server(factory, str(path), backlog=512)
+            os.chmod(path, 0o660)
+            self.bound.append(f"unix:{path}")
+        else:
+            try:
+                srv = await loop.create_server(factory, cfg.host, cfg.port, backlog=512, reuse_address=True)
+            except OSError as exc:
+                raise DaemonError(f"cannot listen on {cfg.host}:{cfg.port}: {exc.strerror or exc}") from exc
+            for sock in srv.sockets:
+                with contextlib.suppress(OSError):
+                    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                host, port = sock.getsockname()[:2]
+                self.bound.append(f"http://{host}:{port}")
+        self._servers.append(srv)
+
+    # ------------------------------------------------------------------ signals
+
+    def _on_term(self) -> None:
+        if self._stop is not None and not self._stop.is_set():
+            log.info("SIGTERM: draining in-flight requests")
+            self._stop.set()
+
+    def _on_hup(self) -> None:
+        log.info("SIGHUP: reloading the bundle store")
+        task = asyncio.ensure_future(self.reload())
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def reload(self) -> dict[str, str]:
+        """Rescan the store: load new models, swap changed ``current`` versions, unload removed ones.
+
+        Returns:
+            dict[str, str]: model name -> what happened (``loaded``, ``swapped``, ``unloaded``,
+            ``unchanged``, or ``failed: ...``).
+        """
+        assert self.registry is not None
+        done: dict[str, str] = {}
+        wanted = set(self.config.models or self.store.names())
+        for name in sorted(wanted):
+            try:
+                current = self.store.current(name)
+            except OSError as exc:
+                done[name] = f"failed: {exc}"
+                continue
+            entry = self.registry.entries.get(name)
+            inst = entry.instance if entry else None
+            if inst is not None and inst.version == current and inst.bundle_dir.resolve() == \
+                    (self.store.bundles / name / (current or "")).resolve():
+                done[name] = "unchanged"
+                continue
+            try:
+                await self.registry.load(name)
+                done[name] = "swapped" if inst is not None else "loaded"
+            except CuvilEdgeError as exc:
+                done[name] = f"failed: {exc}"
+        for name, entry in list(self.registry.entries.items()):
+            if name not in wanted and entry.instance is not None:
+                await self.registry.unload(name)
+                done[name] = "unloaded"
+        log.info("store reload: %s", ", ".join(f"{k} {v}" for k, v in done.items()) or "nothing to do")
+        self.resources.notify(f"STATUS=reloaded: {len(self.registry.instances())} model(s) serving")
+        return done
+
+    # ------------------------------------------------------------------ tick
+
+    async def _tick_loop(self) -> None:
+        cfg = self.config
+        while True:
+            await asyncio.sleep(cfg.tick)
+            try:
+                self.tick()
+            except Exception:
+                log.exception("tick failed")
+
+    def tick(self) -> None:
+        """One serving-loop tick: idle sweep, telemetry and scheduler, watchdog."""
+        now = time.monotonic()
+        for conn in list(self.state.connections):
+            conn.sweep(now, self.config.keep_alive, self.config.request_timeout)
+        instances = self.registry.instances() if self.registry else []
+        self.resources.tick(instances)
+        stuck = False
+        for inst in instances:
+            b = inst.batcher
+            if b is not None:
+                oldest = b.oldest_running()
+                if oldest is not None and now - oldest > self.resources.stuck_after_s:
+                    stuck = True
+        if not stuck:
+            self.resources.notify("WATCHDOG=1")
+        else:
+            log.warning("a batch has run longer than %.0f s: withholding the watchdog ping",
+                        self.resources.stuck_after_s)
+
+    # ------------------------------------------------------------------ shutdown
+
+    async def _close_listeners(self) -> None:
+        for srv in self._servers:
+            srv.close()
+        for srv in self._servers:
+            with contextlib.suppress(Exception):
+                await srv.wait_closed()
+        self._servers.clear()
+        if self.config.uds is not None:
+            with contextlib.suppress(OSError):
+                Path(self.config.uds).unlink()
+
+    async def shutdown(self) -> None:
+        """Stop accepting, drain in-flight requests, close connections, free the models."""
+        self.state.phase = "draining"
+        self.state.shutting_down = True
+        self.resources.notify("STOPPING=1", "STATUS=draining")
+        for srv in self._servers:
+            srv.close()
+        deadline = time.monotonic() + self.config.drain_timeout
+        while time.monotonic() < deadline:
+            for conn in list(self.state.connections):
+                conn.shutdown()
+            busy = self.state.inflight > 0 or any(not c.idle for c in self.state.connections)
+            if not busy:
+                break
+            await asyncio.sleep(0.02)
+        else:
+            log.warning("drain timeout: %d request(s) still in flight", self.state.inflight)
+        for conn in list(self.state.connections):
+            if conn.transport is not None:
+                conn.transport.close()
+        await self._close_listeners()
+        if self.registry is not None:
+            await self.registry.close_all()
+        self.resources.close()
+        self.state.stopped = True
+        self.state.phase = "stopped"
+        log.info("cuvil-edged stopped after %d request(s)", self.state.total_requests)
+
+    # ------------------------------------------------------------------ metrics
+
+    def render_metrics(self) -> bytes:
+        """``/metrics`` body."""
+        instances = self.registry.instances() if self.registry else []
+        gauges = self.resources.gauges(instances)
+        s = self.state
+        gauges["cuvil_server_inflight_requests"] = ("Requests being served now", [({}, s.inflight)])
+        gauges["cuvil_server_connections"] = ("Open client connections", [({}, len(s.connections))])
+        gauges["cuvil_model_queue_size"] = (
+            "Requests waiting for a batch",
+            [({"model": i.name, "version": i.version}, i.batcher.queued if i.batcher else 0) for i in instances])
+        gauges["cuvil_model_batch_cap"] = (
+            "Current dynamic batch cap (pressure ladder)",
+            [({"model": i.name, "version": i.version}, i.batcher.cap if i.batcher else 0) for i in instances])
+        gauges["cuvil_model_memory_bytes"] = (
+            "Measured memory footprint of the model",
+            [({"model": i.name, "version": i.version}, i.footprint_bytes) for i in instances])
+        counters = {
+            "cuvil_http_requests_total": ("HTTP requests answered", [({}, s.total_requests)]),
+            "cuvil_http_protocol_errors_total": ("Malformed or oversized HTTP requests", [({}, s.protocol_errors)]),
+            "cuvil_http_client_gone_total": ("Requests whose client disconnected first", [({}, s.client_gone)]),
+        }
+        counters.update(self.resources.counters())
+        return render_prometheus((i.stats for i in instances), gauges, counters)

@@ -1,0 +1,169 @@
+"""The bundle store on the device: ``<root>/bundles/<name>/<version>/`` plus a ``current`` link.
+
+Layout (CONTRACTS.md)::
+
+    <root>/bundles/efficientnet-lite0/1.0.0/manifest.json ...
+    <root>/bundles/efficientnet-lite0/1.1.0/...
+    <root>/bundles/efficientnet-lite0/current -> 1.1.0
+
+The daemon serves ``current`` of each model (or the only version when there is no link). The
+deploy tool flips ``current`` atomically (a new link renamed over the old one) and sends SIGHUP;
+:meth:`BundleStore.install` does the same for tests and the demo.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from cuvil_edge.errors import BundleError, DaemonError
+
+__all__ = ["BundleStore", "read_manifest_dict"]
+
+_REQUIRED = ("name", "version", "inputs", "outputs")
+
+
+def read_manifest_dict(bundle_dir: Path) -> dict[str, Any]:
+    """The manifest of an extracted bundle directory as a dict, with the fields the daemon needs.
+
+    Raises:
+        BundleError: missing, unreadable or incomplete ``manifest.json``.
+    """
+    path = Path(bundle_dir) / "manifest.json"
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError as exc:
+        raise BundleError(f"{path}: missing; a bundle directory holds manifest.json") from exc
+    except (OSError, ValueError) as exc:
+        raise BundleError(f"{path}: unreadable manifest: {exc}") from exc
+    if not isinstance(data, dict):
+        raise BundleError(f"{path}: the manifest must be a JSON object")
+    missing = [k for k in _REQUIRED if k not in data]
+    if missing:
+        raise BundleError(f"{path}: manifest lacks {', '.join(missing)}")
+    data.setdefault("model", "model.onnx")
+    return data
+
+
+class BundleStore:
+    """Bundles on disk, by model name and version.
+
+    Args:
+        root (Path): the store root (``bundles/`` lives under it).
+    """
+
+    def __init__(self, root: Path) -> None:
+        self.root = Path(root)
+        self.bundles = self.root / "bundles"
+
+    def check(self) -> None:
+        """Raise DaemonError unless the store exists and is readable (creating ``bundles/``)."""
+        if not self.root.is_dir():
+            raise DaemonError(f"bundle store {self.root} does not exist; create it or pass --store")
+        try:
+            self.bundles.mkdir(exist_ok=True)
+            os.listdir(self.bundles)
+        except OSError as exc:
+            raise DaemonError(f"bundle store {self.bundles} is not usable: {exc}") from exc
+
+    def names(self) -> list[str]:
+        """Model names that have at least one version."""
+        if not self.bundles.is_dir():
+            return []
+        return sorted(p.name for p in self.bundles.iterdir()
+                      if p.is_dir() and not p.name.startswith(".") and self.versions(p.name))
+
+    def versions(self, name: str) -> list[str]:
+        """Versions of ``name`` present (directories holding a manifest.json)."""
+        d = self.bundles / name
+        if not d.is_dir():
+            return []
+        return sorted(p.name for p in d.iterdir()
+                      if p.name != "current" and not p.name.startswith(".") and not p.is_symlink()
+                      and (p / "manifest.json").is_file())
+
+    def current(self, name: str) -> str | None:
+        """The version ``current`` points at; the only version when there is no link; else None."""
+        link = self.bundles / name / "current"
+        if link.is_symlink():
+            target = os.readlink(link)
+            return Path(target).name
+        versions = self.versions(name)
+        return versions[0] if len(versions) == 1 else None
+
+    def path(self, name: str, version: str | None = None) -> Path:
+        """Directory of ``name`` at ``version`` (default: current).
+
+        Raises:
+            DaemonError: no such model or version, or no current version.
+        """
+        if not name or "/" in name or name.startswith("."):
+            raise DaemonError(f"invalid model name {name!r}")
+        if version is None:
+            version = self.current(name)
+            if version is None:
+                if not self.versions(name):
+                    raise DaemonError(f"model {name!r} is not in the store {self.bundles}")
+                raise DaemonError(f"model {name!r} has several versions and no 'current' link in "
+                                  f"{self.bundles / name}; point current at one")
+        if "/" in version or version.startswith("."):
+            raise DaemonError(f"invalid version {version!r}")
+        d = self.bundles / name / version
+        if not (d / "manifest.json").is_file():
+            raise DaemonError(f"model {name!r} version {version!r} is not in the store {self.bundles}")
+        return d
+
+    def manifest(self, name: str, version: str | None = None) -> dict[str, Any]:
+        """The manifest dict of ``name`` at ``version`` (default: current)."""
+        return read_manifest_dict(self.path(name, version))
+
+    def set_current(self, name: str, version: str) -> None:
+        """Point ``current`` at ``version`` atomically (new link renamed over the old)."""
+        self.path(name, version)
+        d = self.bundles / name
+        tmp = d / f".current.{os.getpid()}.tmp"
+        if tmp.is_symlink() or tmp.exists():
+            tmp.unlink()
+        os.symlink(version, tmp)
+        os.replace(tmp, d / "current")
+
+    def install(self, source: Path, make_current: bool = True) -> tuple[str, str]:
+        """Copy a bundle (extracted directory or ``.cvb`` file) into the store.
+
+        Returns:
+            tuple[str, str]: (name, version).
+
+        Raises:
+            BundleError: not a bundle, or that version is already installed with other content.
+        """
+        source = Path(source)
+        self.bundles.mkdir(parents=True, exist_ok=True)
+        if source.is_file():
+            from cuvil_edge.bundle import extract_bundle, read_manifest
+
+            m = read_manifest(source)
+            name, version = m.name, m.version
+            dest = self.bundles / name / version
+            if not dest.exists():
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                extract_bundle(source, dest)
+        else:
+            data = read_manifest_dict(source)
+            name, version = str(data["name"]), str(data["version"])
+            dest = self.bundles / name / version
+            if not dest.exists():
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                tmp = Path(tempfile.mkdtemp(prefix=f".{version}.", dir=dest.parent))
+                try:
+                    shutil.copytree(source, tmp, dirs_exist_ok=True)
+                    os.rename(tmp, dest)
+                except BaseException:
+                    shutil.rmtree(tmp, ignore_errors=True)
+                    raise
+        if make_current:
+            self.set_current(name, version)
+        return name, version
