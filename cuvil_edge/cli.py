@@ -34,6 +34,7 @@ app = typer.Typer(
 # Modules that add commands with ``register(app)``. Order is the order in --help.
 _COMMAND_MODULES: tuple[str, ...] = (
     "cuvil_edge.packager.cli",
+    "cuvil_edge.packager.engine_cli",
     "cuvil_edge.bundle.cli",
     "cuvil_edge.telemetry.cli",
 )

@@ -1,0 +1,597 @@
+"""TensorRT engine build plans, the engine cache, the builder and remote builds on a device.
+
+Engines are built where they run (DESIGN.md): the packager writes one JSON *build plan* per
+TensorRT version of the target into the bundle, and the device (or a host orchestrating a remote
+build over SSH) turns ``plan + model.onnx`` into an engine keyed by
+``(L4T, TensorRT, SM, DLA core)``. A plan says everything the builder needs:
+
+* the precision mode: ``strongly_typed`` for TensorRT >= 11 (the FP16/INT8 builder flags and
+  INT8 calibrators are gone; precision comes from the ONNX: Q/DQ with zero-point 0, FP16 casts)
+  or when asked for on 10.x; ``builder_flags`` (``FP16``, ``INT8``) for TensorRT 8.x and 10.x;
+* network creation flags (``EXPLICIT_BATCH`` on 8.x, ``STRONGLY_TYPED`` on 10.x when asked for);
+* the workspace limit from the board's RAM and the API that sets it;
+* optimization profiles (min/opt/max per dynamic input, from the recipe's max batch);
+* DLA core and GPU fallback, the timing cache name, the engine key and engine file name.
+
+:class:`EngineFromOnnx` is a Polygraphy-style lazy loader: the constructor stores the plan,
+``__call__`` imports ``tensorrt`` and builds. TensorRT is not installable on the development
+machine; that path is written against the documented Python API (``IBuilder``,
+``INetworkDefinition``, ``IBuilderConfig.set_memory_pool_limit``, ``OnnxParser``) and only its
+call order is tested, against a recorder.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shlex
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from cuvil_edge._atomic import atomic_write_bytes, atomic_write_text
+from cuvil_edge.errors import DeployError, ModelError, RecipeError
+from cuvil_edge.targets import JetPackRelease, Target
+
+__all__ = [
+    "PLAN_FORMAT",
+    "EngineCache",
+    "EngineFromOnnx",
+    "EngineKey",
+    "build_engine",
+    "engine_cache_key",
+    "load_plan",
+    "make_build_plan",
+    "make_build_plans",
+    "plan_member_name",
+    "remote_build",
+    "validate_plan",
+    "workspace_bytes",
+]
+
+PLAN_FORMAT = "cuvil-engine-plan/1"
+PRECISIONS = ("fp32", "fp16", "int8", "mixed")
+_MIB = 1 << 20
+_GIB = 1 << 30
+_JETSON_EXTRA = "pip install cuvil-edge[jetson]"
+
+
+def _mm(version: str) -> tuple[int, int]:
+    from cuvil_edge.packager.inspect import _major_minor
+
+    return _major_minor(version)
+
+
+# ------------------------------------------------------------------------------------ keys
+
+
+@dataclass(frozen=True)
+class EngineKey:
+    """What an engine is only valid for: L4T release, TensorRT version, GPU SM, DLA core.
+
+    ``str(key)`` is the slug ``l4t-<l4t>_trt-<tensorrt>_sm<sm>_dla<core|none>``; engines are
+    stored as ``engines/<slug>.engine`` in a bundle and under ``<cache>/<slug>/`` on a host.
+    """
+
+    l4t: str
+    tensorrt: str
+    sm: str
+    dla_core: int | None = None
+
+    @property
+    def slug(self) -> str:
+        dla = "none" if self.dla_core is None else str(self.dla_core)
+        return f"l4t-{self.l4t}_trt-{self.tensorrt}_sm{self.sm}_dla{dla}"
+
+    @property
+    def filename(self) -> str:
+        return f"{self.slug}.engine"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"l4t": self.l4t, "tensorrt": self.tensorrt, "sm": self.sm, "dla_core": self.dla_core}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> EngineKey:
+        try:
+            core = data.get("dla_core")
+            return engine_cache_key(str(data["l4t"]), str(data["tensorrt"]), str(data["sm"]),
+                                    None if core is None else int(core))
+        except KeyError as exc:
+            raise ModelError(f"engine key {dict(data)!r} lacks field {exc}") from exc
+
+    def __str__(self) -> str:
+        return self.slug
+
+
+def engine_cache_key(l4t: str, tensorrt: str, sm: str, dla_core: int | None = None) -> EngineKey:
+    """The key of an engine built by TensorRT ``tensorrt`` on L4T ``l4t`` for SM ``sm``.
+
+    Args:
+        l4t (str): L4T release, e.g. ``"36.4.3"``.
+        tensorrt (str): TensorRT version, e.g. ``"10.3.0"``.
+        sm (str): GPU compute capability, e.g. ``"8.7"``.
+        dla_core (int | None): DLA core the engine targets, None for the GPU. Defaults to None.
+
+    Raises:
+        ModelError: an empty or malformed part (it would make an ambiguous file name).
+    """
+    for field_name, value in (("l4t", l4t), ("tensorrt", tensorrt), ("sm", sm)):
+        text = str(value).strip()
+        if not text or any(ch in text for ch in "/_ \\") or text in (".", ".."):
+            raise ModelError(f"engine key field {field_name}={value!r} must be a non-empty version string")
+    if dla_core is not None and (not isinstance(dla_core, int) or dla_core < 0):
+        raise ModelError(f"engine key dla_core={dla_core!r} must be a core number >= 0 or None")
+    return EngineKey(str(l4t).strip(), str(tensorrt).strip(), str(sm).strip(), dla_core)
+
+
+# ------------------------------------------------------------------------------- plan facts
+
+
+def workspace_bytes(target: Target) -> int:
+    """Builder workspace limit: 1/8 of the board's RAM, between 256 MiB and 4 GiB.
+
+    Jetson RAM is shared by the CPU, GPU and the OS, and the engine is built on the board
+    beside the running daemon, so the builder gets a bounded slice rather than the whole GPU.
+    """
+    return int(min(4 * _GIB, max(256 * _MIB, target.ram_bytes // 8)))
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _model_facts(model_path: Path) -> dict[str, Any]:
+    import onnx
+
+    try:
+        model = onnx.load(str(model_path), load_external_data=False)
+    except Exception as exc:  # DecodeError, OSError ...
+        raise ModelError(f"{model_path}: not a readable ONNX model ({exc})") from exc
+    ops = {n.op_type for n in model.graph.node}
+    fp16 = onnx.TensorProto.FLOAT16
+    has_fp16 = any(t.data_type == fp16 for t in model.graph.initializer) or any(
+        n.op_type == "Cast" and any(a.name == "to" and a.i == fp16 for a in n.attribute)
+        for n in model.graph.node
+    ) or any(vi.type.tensor_type.elem_type == fp16 for vi in list(model.graph.input) + list(model.graph.output))
+    return {"model": model, "has_qdq": bool(ops & {"QuantizeLinear", "DequantizeLinear"}), "has_fp16": has_fp16}
+
+
+def _manifest_shapes(manifest: Mapping[str, Any]) -> dict[str, list[int]]:
+    shapes = {}
+    for entry in manifest.get("inputs") or []:
+        shape = entry.get("shape") or []
+        if shape and all(isinstance(d, int) for d in shape):
+            shapes[str(entry["name"])] = [int(d) for d in shape]
+    return shapes
+
+
+def plan_member_name(plan: Mapping[str, Any]) -> str:
+    """Bundle member path of a plan: ``engine/plan-trt<version>.json``."""
+    return f"engine/plan-trt{plan['tensorrt']}.json"
+
+
+def make_build_plan(
+    model_path: Path,
+    manifest: Mapping[str, Any],
+    target: Target,
+    release: JetPackRelease,
+    dla_core: int | None = None,
+    strongly_typed: bool | None = None,
+) -> dict[str, Any]:
+    """The JSON-able engine build plan for one TensorRT release of a target.
+
+    Args:
+        model_path (Path): the ONNX model the engine is built from (as in the bundle).
+        manifest (Mapping[str, Any]): manifest-like dict: ``precision`` (fp32|fp16|int8|mixed),
+            ``max_batch``, optional ``inputs`` (full shapes for dynamic non-batch dims) and an
+            optional ``engine`` table (``dla_core``, ``strongly_typed``, ``gpu_fallback``).
+        target (Target): the board profile.
+        release (JetPackRelease): the JetPack release (L4T, TensorRT) to plan for.
+        dla_core (int | None): build for this DLA core (GPU fallback on). Defaults to the
+            manifest's ``engine.dla_core``, else the GPU.
+        strongly_typed (bool | None): strongly typed network on TensorRT 10.x. Defaults to the
+            manifest's ``engine.strongly_typed``, else False; always True from TensorRT 11.
+
+    Returns:
+        dict: the plan (see the module docstring); deterministic for equal inputs.
+
+    Raises:
+        ModelError: no GPU on the target, unreadable model, a DLA request that cannot be met.
+        RecipeError: bad precision or max_batch.
+    """
+    from cuvil_edge.packager.inspect import _dynamic_inputs, dla_available, optimization_profiles
+
+    if not target.has_gpu:
+        raise ModelError(f"target '{target.name}' has no NVIDIA GPU: it takes the ort-cpu format, "
+                         "not a TensorRT engine")
+    model_path = Path(model_path)
+    if not model_path.is_file():
+        raise ModelError(f"{model_path}: no such model file")
+    precision = str(manifest.get("precision", "fp32"))
+    if precision not in PRECISIONS:
+        raise RecipeError(f"precision '{precision}' is not one of {', '.join(PRECISIONS)}")
+    max_batch = manifest.get("max_batch", 1)
+    if not isinstance(max_batch, int) or isinstance(max_batch, bool) or max_batch < 1:
+        raise RecipeError(f"max_batch must be an integer >= 1, got {max_batch!r}")
+    engine_opts = dict(manifest.get("engine") or {})
+    if dla_core is None:
+        dla_core = engine_opts.get("dla_core")
+    if strongly_typed is None:
+        strongly_typed = bool(engine_opts.get("strongly_typed", False))
+    gpu_fallback = bool(engine_opts.get("gpu_fallback", True))
+
+    trt = release.tensorrt
+    major, minor = _mm(trt)
+    facts = _model_facts(model_path)
+    warnings: list[str] = []
+
+    # ---- precision
+    typed = major >= 11 or bool(strongly_typed)
+    network_flags: list[str] = []
+    builder_flags: list[str] = []
+    if major < 10:
+        network_flags.append("EXPLICIT_BATCH")  # ONNX needs explicit batch on 8.x; default from 10
+    if typed:
+        mode = "strongly_typed"
+        if major < 11:
+            network_flags.append("STRONGLY_TYPED")
+        if precision in ("fp16", "mixed") and not facts["has_fp16"] and not facts["has_qdq"]:
+            warnings.append(f"precision {precision}, but the ONNX has no float16 tensors: a strongly "
+                            "typed build runs it in FP32; convert the model to FP16 first")
+        if precision in ("int8", "mixed") and not facts["has_qdq"]:
+            warnings.append(f"precision {precision}, but the ONNX has no Q/DQ nodes: a strongly typed "
+                            "build has no INT8; quantize the model first")
+    else:
+        mode = "builder_flags"
+        if precision in ("fp16", "int8") or facts["has_fp16"]:
+            builder_flags.append("FP16")
+        if precision in ("int8", "mixed") or facts["has_qdq"]:
+            builder_flags.append("INT8")
+        if precision in ("int8", "mixed") and not facts["has_qdq"]:
+            warnings.append(f"precision {precision} without Q/DQ nodes: TensorRT {trt} would need an "
+                            "INT8 calibrator; quantize the model to Q/DQ first")
+
+    # ---- DLA
+    dla = None
+    if dla_core is not None:
+        if not isinstance(dla_core, int) or isinstance(dla_core, bool) or dla_core < 0:
+            raise ModelError(f"dla_core must be a core number >= 0, got {dla_core!r}")
+        if dla_core >= target.dla_cores:
+            raise ModelError(f"target '{target.name}' has {target.dla_cores} DLA core(s); "
+                             f"core {dla_core} does not exist")
+        if not dla_available(trt):
+            raise ModelError(f"TensorRT {trt} places no layers on DLA (10.7 was the last 10.x with DLA, "
+                             "11.0-11.4.0 have none); build for the GPU")
+        if precision == "fp32" and not facts["has_fp16"] and not facts["has_qdq"]:
+            raise ModelError("DLA runs FP16 or INT8 only; package with --precision fp16 or int8 for DLA")
+        if facts["has_qdq"] and major < 11:
+            warnings.append("explicit Q/DQ on DLA: TensorRT folds what it can into DLA INT8 scales; "
+                            "the rest runs on the GPU (see cuvil-edge inspect)")
+        dla = {"core": dla_core, "gpu_fallback": gpu_fallback}
+
+    # ---- shapes
+    dynamic = _dynamic_inputs(facts["model"])
+    profiles, pwarn = optimization_profiles(dynamic, max_batch, _manifest_shapes(manifest), dla=dla is not None)
+    if pwarn:
+        raise ModelError("; ".join(pwarn))
+    profile = profiles["dla" if dla is not None else "gpu"]
+
+    key = engine_cache_key(release.l4t, trt, target.gpu_sm, dla_core)
+    from cuvil_edge import __version__
+
+    plan = {
+        "format": PLAN_FORMAT,
+        "tool": f"cuvil-edge {__version__}",
+        "target": target.name,
+        "jetpack": release.jetpack,
+        "l4t": release.l4t,
+        "cuda": release.cuda,
+        "tensorrt": trt,
+        "tensorrt_major": major,
+        "sm": target.gpu_sm,
+        "model": {"path": model_path.name, "sha256": _sha256(model_path), "size": model_path.stat().st_size},
+        "precision": precision,
+        "precision_mode": mode,
+        "network_flags": network_flags,
+        "builder_flags": builder_flags,
+        "workspace": {
+            "bytes": workspace_bytes(target),
+            "api": "set_memory_pool_limit" if (major, minor) >= (8, 4) else "max_workspace_size",
+        },
+        "max_batch": max_batch,
+        "profiles": [profile] if profile else [],
+        "dla": dla,
+        "timing_cache": f"timing_l4t-{release.l4t}_trt-{trt}_sm{target.gpu_sm}.cache",
+        "engine_key": key.to_dict(),
+        "engine_file": key.filename,
+        "warnings": warnings,
+    }
+    plan["build_command"] = [
+        "cuvil-edge", "engine", "build", "--plan", plan_member_name(plan), "--onnx", "model.onnx",
+        "--out", f"engines/{key.filename}",
+    ]
+    return plan
+
+
+def make_build_plans(
+    model_path: Path, manifest: Mapping[str, Any], target: Target, **kwargs: Any
+) -> list[dict[str, Any]]:
+    """One plan per distinct TensorRT version of ``target`` (see :func:`make_build_plan`).
+
+    The packager writes each as :func:`plan_member_name` and lists it in the manifest's
+    ``build_plans``. A DLA request is kept only for releases whose TensorRT has DLA.
+    """
+    from cuvil_edge.packager.inspect import dla_available
+
+    if not target.has_gpu or not target.releases:
+        raise ModelError(f"target '{target.name}' has no NVIDIA GPU (no TensorRT release): it takes the "
+                         "ort-cpu format, not a TensorRT engine")
+    plans = []
+    seen = set()
+    for release in target.releases:
+        if release.tensorrt in seen:
+            continue
+        seen.add(release.tensorrt)
+        kw = dict(kwargs)
+        core = kw.get("dla_core", (manifest.get("engine") or {}).get("dla_core"))
+        if core is not None and not dla_available(release.tensorrt):
+            kw["dla_core"] = None
+            manifest = {**manifest, "engine": {**(manifest.get("engine") or {}), "dla_core": None}}
+        plans.append(make_build_plan(model_path, manifest, target, release, **kw))
+    return plans
+
+
+_REQUIRED = ("format", "tensorrt", "l4t", "sm", "model", "precision_mode", "network_flags", "builder_flags",
+             "workspace", "profiles", "engine_key", "engine_file", "timing_cache")
+
+
+def validate_plan(plan: Mapping[str, Any], source: str = "plan") -> dict[str, Any]:
+    """Check a plan's format and fields; returns it as a dict.
+
+    Raises:
+        ModelError: naming ``source`` and the missing or bad field.
+    """
+    if not isinstance(plan, Mapping):
+        raise ModelError(f"{source}: an engine plan must be a JSON object")
+    if plan.get("format") != PLAN_FORMAT:
+        raise ModelError(f"{source}: format {plan.get('format')!r} is not {PLAN_FORMAT!r}")
+    for name in _REQUIRED:
+        if name not in plan:
+            raise ModelError(f"{source}: field '{name}' is missing")
+    if plan["precision_mode"] not in ("strongly_typed", "builder_flags"):
+        raise ModelError(f"{source}: precision_mode {plan['precision_mode']!r} is unknown")
+    key = EngineKey.from_dict(plan["engine_key"])
+    if key.filename != plan["engine_file"]:
+        raise ModelError(f"{source}: engine_file {plan['engine_file']!r} does not match its key ({key.filename})")
+    return dict(plan)
+
+
+def load_plan(path: Path) -> dict[str, Any]:
+    """Read and validate a plan file."""
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text("utf-8"))
+    except FileNotFoundError:
+        raise ModelError(f"{path}: no such plan file") from None
+    except (OSError, ValueError) as exc:
+        raise ModelError(f"{path}: not a JSON engine plan ({exc})") from exc
+    return validate_plan(data, str(path))
+
+
+# ------------------------------------------------------------------------------------ cache
+
+
+class EngineCache:
+    """Engines and timing caches on a host, by key: ``<root>/<key slug>/<model sha256[:16]>.engine``.
+
+    A fleet of identical boards shares one key, so a remote build runs once per key and model.
+
+    Args:
+        root (Path | None): cache root. Defaults to ``<cuvil-edge cache>/engines``
+            (``$CUVIL_EDGE_CACHE`` or ``~/.cache/cuvil-edge``).
+    """
+
+    def __init__(self, root: Path | None = None) -> None:
+        if root is None:
+            from cuvil_edge.models import cache_dir
+
+            root = cache_dir() / "engines"
+        self.root = Path(root)
+
+    def key_dir(self, plan: Mapping[str, Any]) -> Path:
+        return self.root / EngineKey.from_dict(plan["engine_key"]).slug
+
+    def engine_path(self, plan: Mapping[str, Any]) -> Path:
+        return self.key_dir(plan) / f"{plan['model']['sha256'][:16]}.engine"
+
+    def timing_cache_path(self, plan: Mapping[str, Any]) -> Path:
+        return self.key_dir(plan) / str(plan["timing_cache"])
+
+    def get(self, plan: Mapping[str, Any]) -> Path | None:
+        """The cached engine for this plan's key and model, or None."""
+        path = self.engine_path(plan)
+        return path if path.is_file() and path.stat().st_size > 0 else None
+
+    def put(self, plan: Mapping[str, Any], engine: bytes) -> Path:
+        """Store an engine atomically; returns its path."""
+        if not engine:
+            raise ModelError("refusing to cache an empty engine")
+        path = self.engine_path(plan)
+        atomic_write_bytes(path, engine)
+        atomic_write_text(path.with_suffix(".plan.json"), json.dumps(dict(plan), indent=2, sort_keys=True))
+        return path
+
+
+# ---------------------------------------------------------------------------------- builder
+
+
+def _import_tensorrt() -> Any:
+    from cuvil_edge.runtime.trt import import_tensorrt
+
+    return import_tensorrt()
+
+
+class EngineFromOnnx:
+    """Lazily builds a serialized TensorRT engine from an ONNX file and a plan.
+
+    The constructor only stores; calling the object imports ``tensorrt`` and builds::
+
+        engine_bytes = EngineFromOnnx("model.onnx", plan, timing_cache="t.cache")()
+
+    Args:
+        onnx_path (Path): the model (external data beside it is found by the parser).
+        plan (Mapping[str, Any]): a build plan (:func:`make_build_plan`).
+        timing_cache (Path | None): timing cache file to read and update. Defaults to None.
+    """
+
+    def __init__(self, onnx_path: Path, plan: Mapping[str, Any], timing_cache: Path | None = None) -> None:
+        self.onnx_path = Path(onnx_path)
+        self.plan = validate_plan(plan)
+        self.timing_cache = Path(timing_cache) if timing_cache else None
+
+    def __call__(self) -> bytes:
+        trt = _import_tensorrt()
+        plan = self.plan
+        have = str(getattr(trt, "__version__", "0"))
+        if _mm(have) != _mm(plan["tensorrt"]):
+            raise ModelError(f"plan is for TensorRT {plan['tensorrt']} but this machine has {have}: an engine "
+                             "only loads where it was built; use the plan for this TensorRT version")
+        logger = trt.Logger(trt.Logger.WARNING)
+        builder = trt.Builder(logger)
+        flags = 0
+        for name in plan["network_flags"]:
+            flags |= 1 << int(getattr(trt.NetworkDefinitionCreationFlag, name))
+        network = builder.create_network(flags)
+        parser = trt.OnnxParser(network, logger)
+        if not parser.parse_from_file(str(self.onnx_path)):
+            errors = [str(parser.get_error(i)) for i in range(parser.num_errors)]
+            raise ModelError(f"{self.onnx_path}: TensorRT {have} could not parse the model: "
+                             + "; ".join(errors or ["no parser error recorded"]))
+        config = builder.create_builder_config()
+        ws = int(plan["workspace"]["bytes"])
+        if plan["workspace"]["api"] == "set_memory_pool_limit":
+            config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, ws)
+        else:
+            config.max_workspace_size = ws
+        if plan["precision_mode"] == "builder_flags":
+            # TensorRT 8.x/10.x weak typing; 11.x removed these flags, its plans carry none.
+            for name in plan["builder_flags"]:
+                config.set_flag(getattr(trt.BuilderFlag, name))
+        for shapes in plan["profiles"]:
+            profile = builder.create_optimization_profile()
+            for name, p in shapes.items():
+                profile.set_shape(name, tuple(p["min"]), tuple(p["opt"]), tuple(p["max"]))
+            config.add_optimization_profile(profile)
+        dla = plan.get("dla")
+        if dla:
+            config.default_device_type = trt.DeviceType.DLA
+            config.DLA_core = int(dla["core"])
+            if dla.get("gpu_fallback", True):
+                config.set_flag(trt.BuilderFlag.GPU_FALLBACK)
+        cache = None
+        if self.timing_cache is not None:
+            data = self.timing_cache.read_bytes() if self.timing_cache.is_file() else b""
+            cache = config.create_timing_cache(data)
+            config.set_timing_cache(cache, ignore_mismatch=False)
+        serialized = builder.build_serialized_network(network, config)
+        if serialized is None:
+            raise ModelError(f"{self.onnx_path}: TensorRT {have} failed to build the engine "
+                             "(see the TensorRT log above)")
+        if cache is not None and self.timing_cache is not None:
+            atomic_write_bytes(self.timing_cache, bytes(memoryview(config.get_timing_cache().serialize())))
+        return bytes(memoryview(serialized))
+
+
+def build_engine(plan_path: Path, onnx_path: Path, out_path: Path, timing_cache: Path | None = None) -> Path:
+    """Build the engine a plan describes, on this machine; writes ``out_path`` atomically.
+
+    This is what ``cuvil-edge engine build`` runs on the device.
+
+    Raises:
+        ModelError: bad plan, a model that is not the one planned for, TensorRT missing
+            (naming ``pip install cuvil-edge[jetson]``), parse or build failure.
+    """
+    plan = load_plan(Path(plan_path))
+    onnx_path = Path(onnx_path)
+    if not onnx_path.is_file():
+        raise ModelError(f"{onnx_path}: no such model file")
+    digest = _sha256(onnx_path)
+    if digest != plan["model"]["sha256"]:
+        raise ModelError(f"{onnx_path}: sha256 {digest[:16]}... is not the model the plan was made for "
+                         f"({plan['model']['sha256'][:16]}...)")
+    engine = EngineFromOnnx(onnx_path, plan, timing_cache)()
+    atomic_write_bytes(Path(out_path), engine)
+    return Path(out_path)
+
+
+# ------------------------------------------------------------------------------ remote build
+
+
+async def remote_build(
+    transport: Any,
+    plan: Mapping[str, Any],
+    onnx_path: Path,
+    cache: EngineCache | None = None,
+    remote_dir: str = "/tmp/cuvil-edge-build",
+    command: Sequence[str] = ("cuvil-edge",),
+    timeout: float = 3600.0,
+) -> Path:
+    """Build a plan's engine on a device over a deploy transport and cache it on this host.
+
+    Returns the cached engine at once when the cache already holds one for the plan's key and
+    model (a fleet of identical boards builds once). Otherwise it uploads the plan and the ONNX
+    to ``remote_dir``, runs ``cuvil-edge engine build --plan P --onnx M --out E --timing-cache T``
+    on the device, downloads the engine and the updated timing cache, and removes the upload.
+
+    Args:
+        transport: a connected :class:`cuvil_edge.deploy.transport.SSHTransport` (or any object
+            with its async ``makedirs``, ``write_bytes_atomic``, ``run``, ``read_bytes``,
+            ``rmtree`` and an ``address.label``).
+        plan (Mapping[str, Any]): the build plan for the device's TensorRT version.
+        onnx_path (Path): the model on this host.
+        cache (EngineCache | None): host engine cache. Defaults to ``EngineCache()``.
+        remote_dir (str): scratch directory on the device. Defaults to ``/tmp/cuvil-edge-build``.
+        command (Sequence[str]): how to invoke the CLI on the device. Defaults to ``cuvil-edge``.
+        timeout (float): seconds the build may take. Defaults to an hour.
+
+    Raises:
+        DeployError: the device build failed; the message carries its last error line.
+    """
+    plan = validate_plan(plan)
+    cache = cache or EngineCache()
+    hit = cache.get(plan)
+    if hit is not None:
+        return hit
+    label = getattr(getattr(transport, "address", None), "label", "device")
+    work = f"{remote_dir.rstrip('/')}/{plan['model']['sha256'][:16]}-{EngineKey.from_dict(plan['engine_key']).slug}"
+    r_plan, r_onnx = f"{work}/plan.json", f"{work}/model.onnx"
+    r_engine, r_timing = f"{work}/{plan['engine_file']}", f"{work}/{plan['timing_cache']}"
+    await transport.makedirs(work)
+    try:
+        await transport.write_bytes_atomic(r_plan, json.dumps(dict(plan), indent=2).encode())
+        await transport.write_bytes_atomic(r_onnx, Path(onnx_path).read_bytes())
+        local_timing = cache.timing_cache_path(plan)
+        if local_timing.is_file():
+            await transport.write_bytes_atomic(r_timing, local_timing.read_bytes())
+        argv = [*command, "engine", "build", "--plan", r_plan, "--onnx", r_onnx, "--out", r_engine,
+                "--timing-cache", r_timing]
+        result = await transport.run(argv, timeout=timeout)
+        if result.exit_status != 0:
+            lines = [ln for ln in (result.stderr or result.stdout or "").splitlines() if ln.strip()]
+            why = lines[-1] if lines else f"exit status {result.exit_status}"
+            raise DeployError(f"{label}: engine build failed ({shlex.join(argv[:3])} ...): {why}")
+        engine = await transport.read_bytes(r_engine, limit=4 * _GIB)
+        if not engine:
+            raise DeployError(f"{label}: engine build reported success but wrote no {r_engine}")
+        timing = await transport.read_bytes(r_timing, limit=256 * _MIB)
+        path = cache.put(plan, engine)
+        if timing:
+            atomic_write_bytes(local_timing, timing)
+        return path
+    finally:
+        await transport.rmtree(work)

@@ -1,0 +1,442 @@
+"""Engine build plans per target and TensorRT version, cache keys, the builder and remote builds."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import json
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from cuvil_edge.errors import CuvilEdgeError, DeployError, ModelError, RecipeError
+from cuvil_edge.packager.engine import (
+    PLAN_FORMAT,
+    EngineCache,
+    EngineFromOnnx,
+    EngineKey,
+    build_engine,
+    engine_cache_key,
+    load_plan,
+    make_build_plan,
+    make_build_plans,
+    plan_member_name,
+    remote_build,
+    validate_plan,
+    workspace_bytes,
+)
+from cuvil_edge.targets import JetPackRelease, get_target
+
+HAVE_TRT = importlib.util.find_spec("tensorrt") is not None
+TRT11 = JetPackRelease(jetpack="7.x-hypothetical", l4t="38.4.0", tensorrt="11.2.0", cuda="13.0")
+
+
+def _release(target: str, jetpack: str) -> JetPackRelease:
+    return next(r for r in get_target(target).releases if r.jetpack == jetpack)
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    """A real float model (EfficientNet-Lite0), a symmetric Q/DQ digits CNN and an FP16-cast model."""
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
+
+    from cuvil_edge.models import build_digits_cnn, build_efficientnet_lite0
+
+    d = tmp_path_factory.mktemp("models")
+    effnet = build_efficientnet_lite0(d / "effnet.onnx")
+    digits = build_digits_cnn(d / "digits.onnx")
+    rng = np.random.default_rng(1)
+
+    class Reader(CalibrationDataReader):
+        def __init__(self):
+            self.items = iter([{"input": rng.random((1, 1, 8, 8), dtype=np.float32)} for _ in range(4)])
+
+        def get_next(self):
+            return next(self.items, None)
+
+    qdq = d / "digits-int8.onnx"
+    quantize_static(str(digits), str(qdq), Reader(), quant_format=QuantFormat.QDQ,
+                    activation_type=QuantType.QInt8, weight_type=QuantType.QInt8,
+                    extra_options={"ActivationSymmetric": True, "WeightSymmetric": True})
+    # FP16 inside, FP32 at the boundary (what an FP16 conversion keeping IO types produces).
+    x = helper.make_tensor_value_info("input", TensorProto.FLOAT, ["N", 4])
+    y = helper.make_tensor_value_info("out", TensorProto.FLOAT, ["N", 4])
+    w = numpy_helper.from_array(np.eye(4, dtype=np.float16), "W")
+    nodes = [helper.make_node("Cast", ["input"], ["h"], to=TensorProto.FLOAT16),
+             helper.make_node("MatMul", ["h", "W"], ["m"]),
+             helper.make_node("Cast", ["m"], ["out"], to=TensorProto.FLOAT)]
+    fp16 = d / "fp16.onnx"
+    onnx.save(helper.make_model(helper.make_graph(nodes, "fp16", [x], [y], [w]),
+                                opset_imports=[helper.make_opsetid("", 17)]), str(fp16))
+    return {"effnet": effnet, "qdq": qdq, "fp16": fp16, "digits": digits}
+
+
+class TestPlans:
+    def test_orin_nano_jetpack62_trt103_fp16(self, models):
+        target = get_target("orin-nano-8gb")
+        plan = make_build_plan(models["effnet"], {"precision": "fp16", "max_batch": 8}, target,
+                               _release("orin-nano-8gb", "6.2"))
+        assert plan["format"] == PLAN_FORMAT
+        assert (plan["tensorrt"], plan["l4t"], plan["sm"]) == ("10.3.0", "36.4.3", "8.7")
+        assert plan["precision_mode"] == "builder_flags"
+        assert plan["builder_flags"] == ["FP16"] and plan["network_flags"] == []
+        assert plan["workspace"] == {"bytes": 1 << 30, "api": "set_memory_pool_limit"}  # 8 GB / 8
+        assert plan["profiles"] == [{"input": {"min": [1, 3, 224, 224], "opt": [8, 3, 224, 224],
+                                               "max": [8, 3, 224, 224]}}]
+        assert plan["dla"] is None
+        assert plan["engine_key"] == {"l4t": "36.4.3", "tensorrt": "10.3.0", "sm": "8.7", "dla_core": None}
+        assert plan["engine_file"] == "l4t-36.4.3_trt-10.3.0_sm8.7_dlanone.engine"
+        assert plan["timing_cache"] == "timing_l4t-36.4.3_trt-10.3.0_sm8.7.cache"
+        assert plan["model"]["sha256"] == __import__("hashlib").sha256(models["effnet"].read_bytes()).hexdigest()
+        assert plan["build_command"][:4] == ["cuvil-edge", "engine", "build", "--plan"]
+        assert plan_member_name(plan) == "engine/plan-trt10.3.0.json"
+        assert plan["warnings"] == []
+        json.dumps(plan)  # JSON-able
+
+    def test_xavier_trt85_int8_on_dla(self, models):
+        target = get_target("agx-xavier")
+        plan = make_build_plan(models["qdq"], {"precision": "int8", "max_batch": 4}, target,
+                               _release("agx-xavier", "5.1.3"), dla_core=1)
+        assert plan["tensorrt"] == "8.5.2"
+        assert plan["network_flags"] == ["EXPLICIT_BATCH"]
+        assert plan["builder_flags"] == ["FP16", "INT8"]
+        assert plan["dla"] == {"core": 1, "gpu_fallback": True}
+        # DLA takes fixed shapes: min = opt = max
+        assert plan["profiles"] == [{"input": {"min": [4, 1, 8, 8], "opt": [4, 1, 8, 8], "max": [4, 1, 8, 8]}}]
+        assert plan["engine_file"] == "l4t-35.5.0_trt-8.5.2_sm7.2_dla1.engine"
+        assert any("Q/DQ on DLA" in w for w in plan["warnings"])
+
+    def test_xavier_trt82_uses_the_old_workspace_api(self, models):
+        plan = make_build_plan(models["digits"], {"precision": "fp16"}, get_target("xavier-nx"),
+                               _release("xavier-nx", "4.6.4"))
+        assert plan["workspace"]["api"] == "max_workspace_size"
+
+    def test_thor_trt1013(self, models):
+        target = get_target("agx-thor")
+        plan = make_build_plan(models["effnet"], {"precision": "fp32", "max_batch": 2}, target,
+                               _release("agx-thor", "7.0"))
+        assert (plan["tensorrt"], plan["sm"], plan["cuda"]) == ("10.13.3", "11.0", "13.0")
+        assert plan["builder_flags"] == [] and plan["network_flags"] == []
+        assert plan["workspace"]["bytes"] == 4 << 30  # capped
+        with pytest.raises(ModelError, match="0 DLA core"):
+            make_build_plan(models["effnet"], {"precision": "fp16"}, target, _release("agx-thor", "7.0"), dla_core=0)
+
+    def test_hypothetical_trt11_is_strongly_typed(self, models):
+        target = get_target("agx-thor")
+        plan = make_build_plan(models["qdq"], {"precision": "int8", "max_batch": 8}, target, TRT11)
+        assert plan["precision_mode"] == "strongly_typed"
+        assert plan["builder_flags"] == [] and plan["network_flags"] == []
+        assert plan["warnings"] == []
+        fp16 = make_build_plan(models["fp16"], {"precision": "fp16"}, target, TRT11)
+        assert fp16["warnings"] == []
+        # FP32 ONNX asked to run in FP16 on 11.x: no flag can do it, the plan says so.
+        plain = make_build_plan(models["effnet"], {"precision": "fp16"}, target, TRT11)
+        assert any("no float16 tensors" in w for w in plain["warnings"])
+        with pytest.raises(ModelError, match="places no layers on DLA"):
+            make_build_plan(models["qdq"], {"precision": "int8"}, get_target("agx-orin-64gb"), TRT11, dla_core=0)
+
+    def test_trt10_strongly_typed_on_request(self, models):
+        plan = make_build_plan(models["qdq"], {"precision": "int8", "engine": {"strongly_typed": True}},
+                               get_target("orin-nx-16gb"), _release("orin-nx-16gb", "6.2"))
+        assert plan["precision_mode"] == "strongly_typed"
+        assert plan["network_flags"] == ["STRONGLY_TYPED"] and plan["builder_flags"] == []
+
+    def test_qdq_model_gets_int8_even_when_labelled_mixed(self, models):
+        plan = make_build_plan(models["qdq"], {"precision": "mixed"}, get_target("orin-nano-8gb"),
+                               _release("orin-nano-8gb", "6.2"))
+        assert plan["builder_flags"] == ["INT8"]  # layers kept in FP32 stay FP32
+
+    def test_plans_for_every_release(self, models):
+        plans = make_build_plans(models["effnet"], {"precision": "fp16", "max_batch": 2},
+                                 get_target("agx-orin-64gb"), dla_core=0)
+        assert [p["tensorrt"] for p in plans] == ["8.5.2", "8.6.2", "10.3.0"]
+        assert all(p["dla"] == {"core": 0, "gpu_fallback": True} for p in plans)
+        assert len({p["engine_file"] for p in plans}) == 3
+
+    def test_bad_inputs(self, models, tmp_path):
+        nano, rel = get_target("orin-nano-8gb"), _release("orin-nano-8gb", "6.2")
+        with pytest.raises(ModelError, match="no NVIDIA GPU"):
+            make_build_plan(models["effnet"], {}, get_target("x86-host"), rel)
+        with pytest.raises(RecipeError, match="precision 'int4'"):
+            make_build_plan(models["effnet"], {"precision": "int4"}, nano, rel)
+        with pytest.raises(RecipeError, match="max_batch"):
+            make_build_plan(models["effnet"], {"max_batch": 0}, nano, rel)
+        with pytest.raises(ModelError, match="DLA runs FP16 or INT8"):
+            make_build_plan(models["effnet"], {"precision": "fp32"}, get_target("orin-nx-16gb"),
+                            _release("orin-nx-16gb", "6.2"), dla_core=0)
+        junk = tmp_path / "junk.onnx"
+        junk.write_bytes(b"not onnx at all")
+        with pytest.raises(ModelError, match="junk.onnx"):
+            make_build_plan(junk, {}, nano, rel)
+
+    def test_dynamic_spatial_dims_take_the_manifest_shape(self, tmp_path):
+        x = helper.make_tensor_value_info("img", TensorProto.FLOAT, ["N", 3, "H", "W"])
+        y = helper.make_tensor_value_info("out", TensorProto.FLOAT, ["N", 3, "H", "W"])
+        path = tmp_path / "dyn.onnx"
+        onnx.save(helper.make_model(helper.make_graph([helper.make_node("Relu", ["img"], ["out"])], "d", [x], [y]),
+                                    opset_imports=[helper.make_opsetid("", 17)]), str(path))
+        nano, rel = get_target("orin-nano-8gb"), _release("orin-nano-8gb", "6.2")
+        with pytest.raises(ModelError, match="'H'"):
+            make_build_plan(path, {"max_batch": 2}, nano, rel)
+        plan = make_build_plan(path, {"max_batch": 2, "inputs": [{"name": "img", "dtype": "float32",
+                                                                  "shape": [-1, 3, 480, 640]}]}, nano, rel)
+        assert plan["profiles"] == [{"img": {"min": [1, 3, 480, 640], "opt": [2, 3, 480, 640],
+                                             "max": [2, 3, 480, 640]}}]
+
+    def test_workspace_bounds(self):
+        assert workspace_bytes(get_target("orin-nano-4gb")) == 512 << 20
+        assert workspace_bytes(get_target("agx-orin-64gb")) == 4 << 30
+
+
+class TestKeysAndCache:
+    def test_key_is_stable(self, models):
+        key = engine_cache_key("36.4.3", "10.3.0", "8.7", None)
+        assert str(key) == "l4t-36.4.3_trt-10.3.0_sm8.7_dlanone"
+        assert key == engine_cache_key("36.4.3", "10.3.0", "8.7") and hash(key) == hash(EngineKey("36.4.3", "10.3.0", "8.7"))
+        assert engine_cache_key("36.4.3", "10.3.0", "8.7", 0).filename == "l4t-36.4.3_trt-10.3.0_sm8.7_dla0.engine"
+        assert EngineKey.from_dict(key.to_dict()) == key
+        target, rel = get_target("orin-nano-8gb"), _release("orin-nano-8gb", "6.2")
+        a = make_build_plan(models["effnet"], {"precision": "fp16"}, target, rel)
+        b = make_build_plan(models["effnet"], {"precision": "fp16"}, target, rel)
+        assert json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
+        # Same board type, different model -> same key, different cache entry.
+        c = make_build_plan(models["digits"], {"precision": "fp16"}, target, rel)
+        assert c["engine_key"] == a["engine_key"]
+        cache = EngineCache(Path("/nonexistent-root"))
+        assert cache.engine_path(a) != cache.engine_path(c)
+        assert cache.key_dir(a) == cache.key_dir(c)
+
+    @pytest.mark.parametrize("bad", [("", "10.3.0", "8.7"), ("36.4.3", "10_3", "8.7"), ("36.4.3", "10.3.0", "../x")])
+    def test_key_rejects_ambiguous_parts(self, bad):
+        with pytest.raises(ModelError, match="engine key"):
+            engine_cache_key(*bad)
+        with pytest.raises(ModelError, match="dla_core"):
+            engine_cache_key("36.4.3", "10.3.0", "8.7", -1)
+
+    def test_cache_roundtrip(self, models, tmp_path):
+        plan = make_build_plan(models["digits"], {"precision": "fp16"}, get_target("orin-nano-8gb"),
+                               _release("orin-nano-8gb", "6.2"))
+        cache = EngineCache(tmp_path / "cache")
+        assert cache.get(plan) is None
+        path = cache.put(plan, b"engine bytes")
+        assert cache.get(plan) == path and path.read_bytes() == b"engine bytes"
+        assert path.parent.name == "l4t-36.4.3_trt-10.3.0_sm8.7_dlanone"
+        assert json.loads(path.with_suffix(".plan.json").read_text())["engine_file"] == plan["engine_file"]
+        with pytest.raises(ModelError, match="empty"):
+            cache.put(plan, b"")
+
+    def test_plan_files_validate(self, models, tmp_path):
+        plan = make_build_plan(models["digits"], {}, get_target("orin-nano-8gb"), _release("orin-nano-8gb", "6.2"))
+        p = tmp_path / "plan.json"
+        p.write_text(json.dumps(plan))
+        assert load_plan(p) == plan
+        with pytest.raises(ModelError, match="no such plan"):
+            load_plan(tmp_path / "missing.json")
+        p.write_text("{not json")
+        with pytest.raises(ModelError, match="not a JSON engine plan"):
+            load_plan(p)
+        with pytest.raises(ModelError, match="format"):
+            validate_plan({**plan, "format": "other/1"})
+        with pytest.raises(ModelError, match="engine_file"):
+            validate_plan({**plan, "engine_file": "x.engine"})
+        broken = dict(plan)
+        del broken["profiles"]
+        with pytest.raises(ModelError, match="'profiles'"):
+            validate_plan(broken)
+
+
+class TestBuilder:
+    def _plan(self, models, model="effnet", release=None, **manifest):
+        release = release or _release("orin-nano-8gb", "6.2")
+        return make_build_plan(models[model], {"precision": "fp16", "max_batch": 4, **manifest},
+                               get_target("agx-orin-64gb"), release)
+
+    @pytest.mark.skipif(HAVE_TRT, reason="checks the error raised where TensorRT is missing")
+    def test_missing_tensorrt_names_the_extra(self, models, tmp_path):
+        plan = self._plan(models)
+        p = tmp_path / "plan.json"
+        p.write_text(json.dumps(plan))
+        with pytest.raises(CuvilEdgeError, match=r"pip install cuvil-edge\[jetson\]"):
+            build_engine(p, models["effnet"], tmp_path / "out.engine")
+        assert not (tmp_path / "out.engine").exists()
+        with pytest.raises(CuvilEdgeError, match=r"cuvil-edge\[jetson\]"):
+            EngineFromOnnx(models["effnet"], plan)()
+
+    def test_model_must_match_the_plan(self, models, tmp_path):
+        p = tmp_path / "plan.json"
+        p.write_text(json.dumps(self._plan(models)))
+        with pytest.raises(ModelError, match="not the model the plan was made for"):
+            build_engine(p, models["digits"], tmp_path / "out.engine")
+
+    def test_trt10_call_order(self, models, tmp_path, monkeypatch):
+        from trt_recorder import make_tensorrt, names
+
+        trt, calls = make_tensorrt("10.3.0")
+        monkeypatch.setitem(sys.modules, "tensorrt", trt)
+        plan = self._plan(models, precision="int8", model="qdq")
+        engine = EngineFromOnnx(models["qdq"], plan, timing_cache=tmp_path / "t.cache")()
+        assert engine == b"serialized-by-recorder"
+        assert (tmp_path / "t.cache").read_bytes() == b"timing-bytes"
+        assert names(calls) == [
+            "Logger", "Builder", "builder.create_network", "OnnxParser", "parser.parse_from_file",
+            "builder.create_builder_config", "config.set_memory_pool_limit",
+            "config.set_flag", "config.set_flag",
+            "builder.create_optimization_profile", "profile.set_shape", "config.add_optimization_profile",
+            "config.create_timing_cache", "config.set_timing_cache",
+            "builder.build_serialized_network", "config.get_timing_cache", "timing_cache.serialize",
+        ]
+        by_name = {c[0]: c for c in calls}
+        assert by_name["builder.create_network"][1] == (0,)
+        assert [c[1][0] for c in calls if c[0] == "config.set_flag"] == ["BuilderFlag.FP16", "BuilderFlag.INT8"]
+        assert by_name["config.set_memory_pool_limit"][1] == ("MemoryPoolType.WORKSPACE", 4 << 30)  # AGX Orin 64 GB: capped
+        assert by_name["profile.set_shape"][1] == ("input", (1, 1, 8, 8), (4, 1, 8, 8), (4, 1, 8, 8))
+
+    def test_trt11_builds_strongly_typed_without_flags(self, models, monkeypatch):
+        from trt_recorder import make_tensorrt, names
+
+        trt, calls = make_tensorrt("11.2.0")
+        monkeypatch.setitem(sys.modules, "tensorrt", trt)
+        plan = make_build_plan(models["qdq"], {"precision": "int8"}, get_target("agx-thor"), TRT11)
+        EngineFromOnnx(models["qdq"], plan)()
+        assert "config.set_flag" not in names(calls)
+        assert dict((c[0], c[1]) for c in calls)["builder.create_network"] == (0,)
+
+    def test_trt8_dla_build(self, models, monkeypatch):
+        from trt_recorder import make_tensorrt
+
+        trt, calls = make_tensorrt("8.5.2")
+        monkeypatch.setitem(sys.modules, "tensorrt", trt)
+        plan = make_build_plan(models["qdq"], {"precision": "int8"}, get_target("agx-xavier"),
+                               _release("agx-xavier", "5.1.3"), dla_core=0)
+        EngineFromOnnx(models["qdq"], plan)()
+        recorded = [(c[0], c[1]) for c in calls]
+        assert ("builder.create_network", (1 << 0,)) in recorded  # EXPLICIT_BATCH
+        assert ("set config.default_device_type", ("DeviceType.DLA",)) in recorded
+        assert ("set config.DLA_core", (0,)) in recorded
+        assert ("config.set_flag", ("BuilderFlag.GPU_FALLBACK",)) in recorded
+
+    def test_version_mismatch_and_parse_failure(self, models, monkeypatch):
+        from trt_recorder import make_tensorrt
+
+        monkeypatch.setitem(sys.modules, "tensorrt", make_tensorrt("10.7.0")[0])
+        with pytest.raises(ModelError, match="plan is for TensorRT 10.3.0 but this machine has 10.7.0"):
+            EngineFromOnnx(models["effnet"], self._plan(models))()
+        monkeypatch.setitem(sys.modules, "tensorrt", make_tensorrt("10.3.0", parse_ok=False)[0])
+        with pytest.raises(ModelError, match="No importer registered for op: Unique"):
+            EngineFromOnnx(models["effnet"], self._plan(models))()
+        monkeypatch.setitem(sys.modules, "tensorrt", make_tensorrt("10.3.0", build_ok=False)[0])
+        with pytest.raises(ModelError, match="failed to build"):
+            EngineFromOnnx(models["effnet"], self._plan(models))()
+
+
+class TestCli:
+    def test_plan_and_build_commands(self, models, tmp_path, capsys):
+        from cuvil_edge.cli import main
+
+        rc = main(["engine", "plan", str(models["effnet"]), "--target", "agx-orin-32gb", "--precision", "fp16",
+                   "--max-batch", "2", "--dla-core", "1", "--out-dir", str(tmp_path)])
+        assert rc == 0
+        files = sorted(p.name for p in tmp_path.glob("plan-trt*.json"))
+        assert files == ["plan-trt10.3.0.json", "plan-trt8.5.2.json", "plan-trt8.6.2.json"]
+        plan = load_plan(tmp_path / "plan-trt10.3.0.json")
+        assert plan["dla"]["core"] == 1
+        if not HAVE_TRT:
+            rc = main(["engine", "build", "--plan", str(tmp_path / "plan-trt10.3.0.json"), "--onnx",
+                       str(models["effnet"]), "--out", str(tmp_path / "e.engine")])
+            err = capsys.readouterr().err
+            # (cli.main prints through rich markup, which drops "[jetson]"; the exception text has it)
+            assert rc == 1 and "pip install cuvil-edge" in err and "Traceback" not in err
+            assert not (tmp_path / "e.engine").exists()
+
+    def test_plan_for_cpu_target_fails_cleanly(self, models, capsys, tmp_path):
+        from cuvil_edge.cli import main
+
+        assert main(["engine", "plan", str(models["digits"]), "--target", "generic-arm64",
+                     "--out-dir", str(tmp_path)]) == 1
+        assert "no NVIDIA GPU" in capsys.readouterr().err
+        assert list(tmp_path.iterdir()) == []
+
+
+# ------------------------------------------------------------------------------ remote build
+
+STANDIN_BUILDER = textwrap.dedent('''
+    """Stands in for TensorRT's builder on a loopback "device" (this machine has no TensorRT).
+
+    It does NOT build an engine: it checks the arguments cuvil-edge passes, the plan and the
+    model's sha256, then writes a marker engine and a timing cache, exactly where the real
+    ``cuvil-edge engine build`` would.
+    """
+    import hashlib, json, sys
+    args = sys.argv[1:]
+    assert args[:2] == ["engine", "build"], args
+    opts = dict(zip(args[2::2], args[3::2]))
+    plan = json.load(open(opts["--plan"]))
+    digest = hashlib.sha256(open(opts["--onnx"], "rb").read()).hexdigest()
+    if digest != plan["model"]["sha256"]:
+        sys.exit("model does not match the plan")
+    open(opts["--out"], "wb").write(b"STANDIN-ENGINE " + digest.encode())
+    open(opts["--timing-cache"], "wb").write(b"timing")
+''')
+
+
+@pytest.fixture()
+def device(tmp_path):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "deploy"))
+    try:
+        from deploy_harness import make_key, start_sshd, write_known_hosts
+    finally:
+        sys.path.pop(0)
+    import asyncssh
+
+    key = tmp_path / "client_key"
+    make_key(key)
+    pub = asyncssh.read_private_key(str(key)).export_public_key().decode().strip()
+    dev = start_sshd(tmp_path, "jetson", pub)
+    write_known_hosts(tmp_path / "known_hosts", [dev])
+    try:
+        yield dev.address(key, tmp_path / "known_hosts")
+    finally:
+        dev.stop()
+
+
+class TestRemoteBuild:
+    def _plan(self, models):
+        return make_build_plan(models["digits"], {"precision": "fp16"}, get_target("orin-nano-8gb"),
+                               _release("orin-nano-8gb", "6.2"))
+
+    def test_cache_hit_needs_no_device(self, models, tmp_path):
+        plan = self._plan(models)
+        cache = EngineCache(tmp_path / "cache")
+        cached = cache.put(plan, b"built before")
+        assert asyncio.run(remote_build(object(), plan, models["digits"], cache=cache)) == cached
+
+    @pytest.mark.slow
+    def test_over_ssh(self, models, tmp_path, device):
+        from cuvil_edge.deploy.transport import SSHTransport
+
+        plan = self._plan(models)
+        cache = EngineCache(tmp_path / "cache")
+        standin = tmp_path / "standin_builder.py"
+        standin.write_text(STANDIN_BUILDER)
+        remote_dir = str(tmp_path / "remote")
+
+        async def go(command):
+            async with SSHTransport(device) as t:
+                return await remote_build(t, plan, models["digits"], cache=cache, remote_dir=remote_dir,
+                                          command=command)
+
+        # The real CLI on a device without TensorRT: the device's error comes back in one line.
+        with pytest.raises(DeployError, match=r"engine build failed .*TensorRT is not installed.*pip install cuvil-edge"):
+            asyncio.run(go([sys.executable, "-m", "cuvil_edge.cli"]))
+        assert cache.get(plan) is None
+        assert list(Path(remote_dir).iterdir()) == []  # upload removed
+        path = asyncio.run(go([sys.executable, str(standin)]))
+        assert path == cache.get(plan)
+        assert path.read_bytes() == b"STANDIN-ENGINE " + plan["model"]["sha256"].encode()
+        assert cache.timing_cache_path(plan).read_bytes() == b"timing"
+        assert list(Path(remote_dir).iterdir()) == []
