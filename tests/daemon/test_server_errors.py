@@ -1,0 +1,211 @@
+"""Bad requests get the right 4xx and a clear message, and never hurt the server."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import socket
+import time
+
+import numpy as np
+import pytest
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
+
+
+def _post(daemon, path: str, body: bytes, headers: dict[str, str] | None = None) -> tuple[int, dict, str]:
+    conn = http.client.HTTPConnection(*daemon.host_port, timeout=10)
+    try:
+        conn.request("POST", path, body=body, headers=headers or {})
+        resp = conn.getresponse()
+        data = resp.read()
+        return resp.status, dict(resp.getheaders()), data.decode(errors="replace")
+    finally:
+        conn.close()
+
+
+def _error(text: str) -> str:
+    return json.loads(text)["error"]
+
+
+def _infer_ok(daemon, digits_data) -> None:
+    inp = httpclient.InferInput("input", [1, 1, 8, 8], "FP32")
+    inp.set_data_from_numpy(np.ascontiguousarray(digits_data[:1]))
+    r = daemon.client().infer("digits", [inp])
+    assert r.as_numpy("logits").shape == (1, 10)
+
+
+def _json_body(data=None, shape=(1, 1, 8, 8), datatype="FP32", name="input", **extra) -> bytes:
+    inp = {"name": name, "shape": list(shape), "datatype": datatype,
+           "data": [0.5] * int(np.prod(shape)) if data is None else data}
+    return json.dumps({"inputs": [inp], **extra}).encode()
+
+
+def _binary_body(payload: bytes, declared: int, extra_header_len: int = 0) -> tuple[bytes, dict[str, str]]:
+    header = json.dumps({"inputs": [{"name": "input", "shape": [1, 1, 8, 8], "datatype": "FP32",
+                                     "parameters": {"binary_data_size": declared}}]}).encode()
+    return header + payload, {"Inference-Header-Content-Length": str(len(header) + extra_header_len)}
+
+
+class TestBadInferRequests:
+    def test_unknown_model(self, daemon, digits_data):
+        inp = httpclient.InferInput("input", [1, 1, 8, 8], "FP32")
+        inp.set_data_from_numpy(np.ascontiguousarray(digits_data[:1]))
+        with pytest.raises(InferenceServerException) as exc:
+            daemon.client().infer("nope", [inp])
+        assert exc.value.status() == "400"
+        assert "Request for unknown model: 'nope'" in exc.value.message()
+        with pytest.raises(InferenceServerException, match="version 7.7.7 is not found"):
+            daemon.client().infer("digits", [inp], model_version="7.7.7")
+
+    @pytest.mark.parametrize("binary", [True, False])
+    def test_wrong_datatype(self, daemon, binary, digits_data):
+        inp = httpclient.InferInput("input", [1, 1, 8, 8], "FP64")
+        inp.set_data_from_numpy(np.zeros((1, 1, 8, 8), np.float64), binary_data=binary)
+        with pytest.raises(InferenceServerException, match="data-type is 'FP64', but model 'digits' expects 'FP32'"):
+            daemon.client().infer("digits", [inp])
+        _infer_ok(daemon, digits_data)
+
+    def test_wrong_shape(self, daemon):
+        inp = httpclient.InferInput("input", [1, 1, 8, 9], "FP32")
+        inp.set_data_from_numpy(np.zeros((1, 1, 8, 9), np.float32))
+        with pytest.raises(InferenceServerException, match=r"unexpected shape for input 'input'.*\[1, 1, 8, 9\]"):
+            daemon.client().infer("digits", [inp])
+
+    def test_batch_over_max_batch(self, daemon):
+        inp = httpclient.InferInput("input", [9, 1, 8, 8], "FP32")
+        inp.set_data_from_numpy(np.zeros((9, 1, 8, 8), np.float32))
+        with pytest.raises(InferenceServerException, match="batch-size must be <= 8"):
+            daemon.client().infer("digits", [inp])
+
+    def test_wrong_element_count_json(self, daemon):
+        status, _, text = _post(daemon, "/v2/models/digits/infer", _json_body(data=[0.5] * 63))
+        assert status == 400 and "63 elements given for shape [1, 1, 8, 8] (64 expected)" in _error(text)
+
+    def test_non_numeric_json_data(self, daemon):
+        status, _, text = _post(daemon, "/v2/models/digits/infer", _json_body(data=["a"] * 64))
+        assert status == 400 and "not a list of FP32" in _error(text)
+
+    def test_wrong_binary_size(self, daemon):
+        body, headers = _binary_body(b"\0" * 200, 200)
+        status, _, text = _post(daemon, "/v2/models/digits/infer", body, headers)
+        assert status == 400 and "binary_data_size 200 does not match" in _error(text)
+
+    def test_truncated_binary_body(self, daemon):
+        body, headers = _binary_body(b"\0" * 100, 256)  # declares 256 bytes, sends 100
+        status, _, text = _post(daemon, "/v2/models/digits/infer", body, headers)
+        assert status == 400 and "truncated binary data" in _error(text) and "only 100 remain" in _error(text)
+        body, headers = _binary_body(b"\0" * 256, 256, extra_header_len=10_000)
+        status, _, text = _post(daemon, "/v2/models/digits/infer", body, headers)
+        assert status == 400 and "Inference-Header-Content-Length" in _error(text)
+
+    def test_extra_binary_bytes(self, daemon):
+        body, headers = _binary_body(b"\0" * 300, 256)
+        status, _, text = _post(daemon, "/v2/models/digits/infer", body, headers)
+        assert status == 400 and "44 bytes that no input claims" in _error(text)
+
+    @pytest.mark.parametrize("body, message", [
+        (b"{not json", "malformed JSON"),
+        (b"[1, 2]", "must be a JSON object"),
+        (b"{}", "non-empty 'inputs' list"),
+        (json.dumps({"inputs": [{"name": "input"}]}).encode(), "'shape' must be a list"),
+        (json.dumps({"inputs": [{"name": "x", "shape": [1], "datatype": "FP32", "data": [1]}]}).encode(),
+         "unexpected inference input 'x'"),
+        (_json_body(outputs=[{"name": "nope"}]), "unexpected inference output 'nope'"),
+        (json.dumps({"inputs": [{"name": "input", "shape": [1, 1, 8, 8], "datatype": "FP32"}]}).encode(),
+         "neither 'data' nor parameters.binary_data_size"),
+    ])
+    def test_malformed_request(self, daemon, body, message):
+        status, _, text = _post(daemon, "/v2/models/digits/infer", body)
+        assert status == 400 and message in _error(text)
+
+    def test_endpoint_and_method_errors(self, daemon):
+        conn = http.client.HTTPConnection(*daemon.host_port, timeout=10)
+        conn.request("GET", "/v2/models/digits/infer")
+        resp = conn.getresponse()
+        assert resp.status == 405 and "POST" in _error(resp.read().decode())
+        conn.request("GET", "/v3/whatever")
+        resp = conn.getresponse()
+        assert resp.status == 404 and "no such endpoint" in _error(resp.read().decode())
+        conn.close()
+
+
+class TestTransportErrors:
+    def test_body_over_limit_is_413(self, store, daemon_factory, raw, digits_data):
+        d = daemon_factory(store, "--max-body-mb", "0.002")  # 2097 bytes
+        host, port = d.host_port
+        # Declared too large: refused from the headers, before any body byte is read.
+        head = (f"POST /v2/models/digits/infer HTTP/1.1\r\nHost: x\r\nContent-Length: {2 << 20}\r\n\r\n").encode()
+        answer = raw(host, port, head)
+        assert answer.startswith(b"HTTP/1.1 413") and b"exceeds the limit of 2097 bytes" in answer
+        assert b"--max-body-mb" in answer
+        # Chunked, no length: refused once the received bytes pass the limit.
+        chunk = b"x" * (256 << 10)
+        body = b"".join(b"%x\r\n" % len(chunk) + chunk + b"\r\n" for _ in range(3)) + b"0\r\n\r\n"
+        answer = raw(host, port, b"POST /v2/models/digits/infer HTTP/1.1\r\nHost: x\r\n"
+                     b"Transfer-Encoding: chunked\r\n\r\n" + body)
+        assert answer.startswith(b"HTTP/1.1 413")
+        # tritonclient sees it too.
+        big = np.zeros((8, 1, 8, 8), np.float32)
+        inp = httpclient.InferInput("input", list(big.shape), "FP32")
+        inp.set_data_from_numpy(big)  # 2048 bytes of tensor plus the JSON header
+        with pytest.raises(InferenceServerException, match="exceeds the limit"):
+            d.client().infer("digits", [inp])
+        _infer_ok(d, digits_data)
+
+    def test_malformed_http(self, daemon, raw, digits_data):
+        answer = raw(*daemon.host_port, b"THIS IS NOT HTTP\r\n\r\n")
+        assert answer.startswith(b"HTTP/1.1 400") and b"malformed HTTP" in answer
+        _infer_ok(daemon, digits_data)
+
+    def test_client_disconnects(self, daemon, raw, digits_data):
+        host, port = daemon.host_port
+        header = json.dumps({"inputs": [{"name": "input", "shape": [8, 1, 8, 8], "datatype": "FP32",
+                                         "parameters": {"binary_data_size": 2048}}]}).encode()
+        full = header + np.ones((8, 1, 8, 8), np.float32).tobytes()
+        head = (f"POST /v2/models/digits/infer HTTP/1.1\r\nHost: x\r\nContent-Length: {len(full)}\r\n"
+                f"Inference-Header-Content-Length: {len(header)}\r\n\r\n").encode()
+        # Mid-body: headers and half the body, then gone.
+        raw(host, port, head + full[: len(full) // 2], read=False)
+        # Mid-request after the body: the answer has nowhere to go.
+        for _ in range(20):
+            raw(host, port, head + full, read=False)
+        # Mid-headers.
+        raw(host, port, head[:20], read=False)
+        time.sleep(0.3)
+        _infer_ok(daemon, digits_data)
+        stats = daemon.client().get_inference_statistics("digits")["model_stats"][0]
+        served = stats["inference_stats"]["success"]["count"]
+        assert served >= 1
+
+    def test_no_leak_and_alive_after_abuse(self, daemon, raw, digits_data):
+        """Hundreds of bad and abandoned requests, some 1 MB, leave the RSS flat."""
+        host, port = daemon.host_port
+        header = json.dumps({"inputs": [{"name": "input", "shape": [8, 1, 8, 8], "datatype": "FP32",
+                                         "parameters": {"binary_data_size": 2048}}]}).encode()
+        big = b"\0" * (1 << 20)
+        head_big = (f"POST /v2/models/digits/infer HTTP/1.1\r\nHost: x\r\nContent-Length: {2 << 20}\r\n"
+                    f"Inference-Header-Content-Length: {len(header)}\r\n\r\n").encode()
+
+        def abuse(rounds: int) -> None:
+            for i in range(rounds):
+                raw(host, port, head_big + header + big, read=False)  # abandoned mid-body, 1 MB in
+                status, _, _ = _post(daemon, "/v2/models/digits/infer", b"{broken" * 100)
+                assert status == 400
+                body, headers = _binary_body(b"\0" * 100, 256)
+                assert _post(daemon, "/v2/models/digits/infer", body, headers)[0] == 400
+                if i % 10 == 0:
+                    _infer_ok(daemon, digits_data)
+
+        abuse(40)
+        time.sleep(0.3)
+        base = daemon.rss_kb()
+        abuse(200)
+        time.sleep(0.5)
+        grown_mb = (daemon.rss_kb() - base) / 1024
+        assert grown_mb < 20, f"RSS grew {grown_mb:.1f} MB over 200 rounds (200 MB of abandoned bodies)"
+        _infer_ok(daemon, digits_data)
+        # Every abandoned connection was dropped.
+        with socket.create_connection((host, port)):
+            pass
+        assert daemon.proc.poll() is None
