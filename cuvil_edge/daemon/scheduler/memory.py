@@ -97,7 +97,7 @@ class PressureThresholds:
     ``CAP_BATCH``; a negative headroom (others grew into our share) for ``UNLOAD_LRU``.
     """
 
-    free_pct: tuple[float, float, float, float, float] = (15.0, 10.0, 7.0, 5.0, 3.0)
+    free_pct: tuple[float, float, float, float, float] = (10.0, 7.0, 5.0, 3.5, 2.0)
     exit_margin_pct: float = 2.0
     lfb_min_kb: float = 4096.0
     lfb_min_blocks: int = 16
@@ -382,22 +382,31 @@ class MemoryScheduler:
                 res.last_used = self._clock()
                 res.context_released = False
 
-    @contextmanager
-    def using(self, name: str) -> Iterator[None]:
-        """Mark ``name`` busy for the duration (busy models are never unloaded)."""
+    def begin_use(self, name: str) -> None:
+        """Mark ``name`` busy (a batch is in flight); busy models are never released or unloaded."""
         with self._lock:
             res = self._res.get(name)
             if res is not None:
                 res.busy += 1
                 res.last_used = self._clock()
                 res.context_released = False
+
+    def end_use(self, name: str) -> None:
+        """Undo one :meth:`begin_use`."""
+        with self._lock:
+            res = self._res.get(name)
+            if res is not None and res.busy > 0:
+                res.busy -= 1
+                res.last_used = self._clock()
+
+    @contextmanager
+    def using(self, name: str) -> Iterator[None]:
+        """Mark ``name`` busy for the duration of the block (:meth:`begin_use`/:meth:`end_use`)."""
+        self.begin_use(name)
         try:
             yield
         finally:
-            with self._lock:
-                if res is not None:
-                    res.busy -= 1
-                    res.last_used = self._clock()
+            self.end_use(name)
 
     def lru_idle(self, exclude: set[str] | None = None) -> str | None:
         """The least recently used idle model, or None."""

@@ -71,16 +71,19 @@ class PrefetchController:
         min_depth (int): shallowest depth. Defaults to 1.
         max_depth (int): deepest depth. Defaults to 8.
         gpu_util_target (float): GPU utilization (percent) the controller aims for; below it by
-            more than ``deadband_pct`` it goes deeper. Defaults to 90.
+            more than ``deadband_pct`` it goes deeper. Defaults to 97.
         emc_high_pct (float): EMC utilization (percent) counted as saturated. Defaults to 85.
         temp_limit_c (float): a die sensor at or above this counts as throttling. Defaults to 90
             (Jetson software throttling starts in the mid 90s; acting earlier keeps the clocks up).
+        throttle_depth (int): deepest depth while the board throttles. Defaults to 2 (double
+            buffering: pre-processing overlaps execution, nothing more queues).
+        blocked_min_pct (float): ``depth_blocked_pct`` needed before going deeper. Defaults to 10.
         power_limit_mw (float | None): board input power budget; at 97% of it counts as
             throttling. Defaults to None (not checked).
         queue_fraction (float): the p95 queue delay may use this fraction of the p95 latency
             target before the controller backs off. Defaults to 0.5.
         alpha (float): EWMA weight of the newest sample. Defaults to 0.3.
-        deadband_pct (float): utilization band under the target where depth holds. Defaults to 5.
+        deadband_pct (float): utilization band under the target where depth holds. Defaults to 2.
         patience_up (int): agreeing samples needed before going deeper. Defaults to 3.
         patience_down (int): agreeing samples needed for a soft cut (one step). Defaults to 2.
         cooldown (int): samples to wait after any change. Defaults to 2.
@@ -93,14 +96,16 @@ class PrefetchController:
         self,
         min_depth: int = 1,
         max_depth: int = 8,
-        gpu_util_target: float = 90.0,
+        gpu_util_target: float = 97.0,
         *,
         emc_high_pct: float = 85.0,
         temp_limit_c: float = 90.0,
+        throttle_depth: int = 2,
+        blocked_min_pct: float = 10.0,
         power_limit_mw: float | None = None,
         queue_fraction: float = 0.5,
         alpha: float = 0.3,
-        deadband_pct: float = 5.0,
+        deadband_pct: float = 2.0,
         patience_up: int = 3,
         patience_down: int = 2,
         cooldown: int = 2,
@@ -117,6 +122,8 @@ class PrefetchController:
         self.gpu_util_target = float(gpu_util_target)
         self.emc_high_pct = float(emc_high_pct)
         self.temp_limit_c = float(temp_limit_c)
+        self.throttle_depth = int(throttle_depth)
+        self.blocked_min_pct = float(blocked_min_pct)
         self.power_limit_mw = power_limit_mw
         self.queue_fraction = float(queue_fraction)
         self.alpha = float(alpha)
@@ -169,6 +176,9 @@ class PrefetchController:
         *,
         memory_level: int = 0,
         gpu_busy_pct: float | None = None,
+        prefetch_wait_p95_ms: float | None = None,
+        exec_ms: float | None = None,
+        depth_blocked_pct: float | None = None,
     ) -> int:
         """Take one control step and return the depth to use.
 
@@ -180,8 +190,21 @@ class PrefetchController:
             latency_target_ms (float | None): the model's p95 latency objective (manifest
                 ``latency_target_ms.p95``).
             memory_level (int): the memory scheduler's ladder level (0 = comfortable).
-            gpu_busy_pct (float | None): the daemon's own measure of device busy time, used when
-                the sample has no GPU utilization (Thor, tegrastats without sudo, sysfs).
+            gpu_busy_pct (float | None): the daemon's own device occupancy (percent of wall time a
+                batch of ours was executing). Preferred over the sample's GPU utilization when
+                given: GR3D counts other processes too, and Thor or tegrastats without sudo print
+                none.
+            prefetch_wait_p95_ms (float | None): p95 of the time a prepared batch waited for the
+                device. It tells whether depth causes the queue delay: when batches are ready long
+                before the device takes them, depth only adds latency and memory; when they wait
+                for nothing the device is starving and depth can help. Without it every queue delay
+                is blamed on depth.
+            exec_ms (float | None): mean execution time of a batch over the interval; the yardstick
+                for ``prefetch_wait_p95_ms``. Defaults to a tenth of the latency target.
+            depth_blocked_pct (float | None): percent of the interval the batcher had requests
+                waiting but no free slot (depth was the limit). Going deeper only helps then: an
+                under-used GPU with nothing waiting is short of load, not of depth. Without it
+                an under-used GPU is always taken as a reason to go deeper.
 
         Returns:
             int: the new depth, within ``[min_depth, max_depth]``.
@@ -192,7 +215,10 @@ class PrefetchController:
             self._ceiling_left -= 1
             if self._ceiling_left == 0:
                 self._ceiling = None
-        gpu_raw = sample.gpu_util_pct if sample is not None and sample.gpu_util_pct is not None else gpu_busy_pct
+        if gpu_busy_pct is not None:
+            gpu_raw: float | None = gpu_busy_pct
+        else:
+            gpu_raw = sample.gpu_util_pct if sample is not None else None
         emc_raw = sample.emc_util_pct if sample is not None else None
         self._gpu = _ewma(self._gpu, gpu_raw, self.alpha)
         self._emc = _ewma(self._emc, emc_raw, self.alpha)
@@ -201,29 +227,46 @@ class PrefetchController:
             qratio = queue_delay_p95_ms / latency_target_ms
             self._qratio = _ewma(self._qratio, qratio, self.alpha)
         throttle = self._throttled(sample) if sample is not None else None
+        # Is depth to blame for the queueing? Yes when prepared batches sit waiting for the device
+        # (or when we cannot tell); no when the device takes them at once (overload upstream).
+        if prefetch_wait_p95_ms is None:
+            depth_hurts = True
+            starving = False
+        else:
+            yardstick = exec_ms if exec_ms else 0.1 * (latency_target_ms or 100.0)
+            # One batch waiting behind the running one is what double buffering means (up to one
+            # execution time); more than that is depth adding latency.
+            depth_hurts = prefetch_wait_p95_ms >= 1.2 * yardstick
+            starving = prefetch_wait_p95_ms < 0.25 * yardstick
 
+        prev = self.depth
+        # While throttled the pipeline keeps at most double buffering (``throttle_depth``): the
+        # clocks are down, deeper would only queue more work and hold more memory.
+        limit = self.max_depth if self._ceiling is None else min(self.max_depth, self._ceiling - 1)
+        if throttle:
+            limit = min(limit, max(self.min_depth, self.throttle_depth))
         hard: str | None = None
         soft: str | None = None
         up: str | None = None
         if memory_level > 0:
             hard = f"memory pressure level {memory_level}"
-        elif qratio is not None and qratio >= 1.0:
+        elif qratio is not None and qratio >= 1.0 and depth_hurts:
             hard = f"queue p95 {queue_delay_p95_ms:.1f} ms >= target {latency_target_ms:.1f} ms"
-        elif throttle:
+        elif throttle and prev > limit:
             soft = throttle
         elif self._emc is not None and self._emc >= self.emc_high_pct:
             soft = f"EMC {self._emc:.0f}% >= {self.emc_high_pct:.0f}%"
-        elif self._qratio is not None and self._qratio >= self.queue_fraction:
+        elif self._qratio is not None and self._qratio >= self.queue_fraction and depth_hurts:
             soft = f"queue p95 at {100 * self._qratio:.0f}% of the target"
         elif (
             self._gpu is not None
             and self._gpu < self.gpu_util_target - self.deadband_pct
             and (self._emc is None or self._emc < self.emc_high_pct - 10.0)
-            and (self._qratio is None or self._qratio < self.queue_fraction / 2)
+            and (starving or self._qratio is None or self._qratio < self.queue_fraction / 2)
+            and (depth_blocked_pct is None or depth_blocked_pct >= self.blocked_min_pct)
         ):
             up = f"GPU {self._gpu:.0f}% under target {self.gpu_util_target:.0f}%"
 
-        prev = self.depth
         new = prev
         reason = "hold"
         if hard:
@@ -246,9 +289,8 @@ class PrefetchController:
         elif up:
             self._down_votes = 0
             self._up_votes += 1
-            limit = self.max_depth if self._ceiling is None else min(self.max_depth, self._ceiling - 1)
             if prev >= limit:
-                reason = f"hold at ceiling {limit} ({up})"
+                reason = f"hold at limit {limit}{' (throttled)' if throttle else ''} ({up})"
             elif self._up_votes >= self.patience_up and self._since_change > self.cooldown:
                 new = prev + 1
                 reason = f"deeper: {up}"
