@@ -36,7 +36,9 @@ _COMMAND_MODULES: tuple[str, ...] = (
     "cuvil_edge.packager.cli",
     "cuvil_edge.packager.engine_cli",
     "cuvil_edge.bundle.cli",
+    "cuvil_edge.demo",
     "cuvil_edge.telemetry.cli",
+    "cuvil_edge.deploy.cli",
 )
 
 

@@ -90,28 +90,29 @@ def _error_text(body: Any) -> str:
     return json.dumps(body)[:200]
 
 
-def daemon_load(base_url: str, model: str, timeout: float = 60.0, token: str | None = None) -> str | None:
-    """Ask the daemon to (re)load ``model`` from the store; None on success, else the reason."""
+def _repository(base_url: str, model: str, action: str, timeout: float, token: str | None) -> str | None:
+    path = f"/v2/repository/models/{model}/{action}"
     try:
-        status, body = daemon_request(base_url, "POST", f"/v2/repository/models/{model}/load", {},
-                                      timeout=timeout, token=token)
+        status, body = daemon_request(base_url, "POST", path, {}, timeout=timeout, token=token)
+        if status == 404 and "no such endpoint" in _error_text(body):
+            # cuvil-edged of 99ed852 routes the repository calls only with a trailing slash
+            # (it counts 7 path parts); the canonical path is tried first.
+            status, body = daemon_request(base_url, "POST", path + "/", {}, timeout=timeout, token=token)
     except _HTTPFailure as exc:
         return exc.message
     if status != 200:
-        return f"load of {model} failed: HTTP {status}: {_error_text(body)}"
+        return f"{action} of {model} failed: HTTP {status}: {_error_text(body)}"
     return None
+
+
+def daemon_load(base_url: str, model: str, timeout: float = 60.0, token: str | None = None) -> str | None:
+    """Ask the daemon to (re)load ``model`` from the store; None on success, else the reason."""
+    return _repository(base_url, model, "load", timeout, token)
 
 
 def daemon_unload(base_url: str, model: str, timeout: float = 30.0, token: str | None = None) -> str | None:
     """Ask the daemon to unload ``model``; None on success, else the reason."""
-    try:
-        status, body = daemon_request(base_url, "POST", f"/v2/repository/models/{model}/unload", {},
-                                      timeout=timeout, token=token)
-    except _HTTPFailure as exc:
-        return exc.message
-    if status != 200:
-        return f"unload of {model} failed: HTTP {status}: {_error_text(body)}"
-    return None
+    return _repository(base_url, model, "unload", timeout, token)
 
 
 def _load_npz(data: bytes) -> dict[str, np.ndarray]:

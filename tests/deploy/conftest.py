@@ -49,13 +49,13 @@ class Lab:
         self.daemons: dict[str, Daemon] = {}
         self.known_hosts = workdir / "known_hosts"
 
-    def device(self, name: str, daemon: bool = True) -> SshDevice:
+    def device(self, name: str, daemon: bool = True, daemon_args: tuple[str, ...] = ()) -> SshDevice:
         pub = _client_pub(self.keys["client"])
         dev = start_sshd(self.workdir, name, pub)
         self.devices.append(dev)
         write_known_hosts(self.known_hosts, self.devices)
         if daemon:
-            self.daemons[name] = Daemon(dev.store).start()
+            self.daemons[name] = Daemon(dev.store, self.keys["public"], args=daemon_args).start()
         return dev
 
     def address(self, dev: SshDevice, **changes: object) -> DeviceAddress:

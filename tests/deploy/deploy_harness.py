@@ -23,6 +23,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import asyncssh
 
@@ -308,27 +309,37 @@ def make_bundle(out: Path, secret_key: Path, version: str, *, name: str = "digit
 
 
 class Daemon:
-    """The daemon of one loopback device, a subprocess on 127.0.0.1 serving ``store``."""
+    """The real daemon (``cuvil-edged``) of one loopback device: a subprocess on 127.0.0.1 serving
+    ``store``, verifying bundles with ``pub`` before it loads them."""
 
-    def __init__(self, store: Path, port: int | None = None) -> None:
+    def __init__(self, store: Path, pub: Path | None = None, port: int | None = None,
+                 args: tuple[str, ...] = ()) -> None:
         self.store = store
+        self.pub = pub
+        self.args = args
         self.port = port or free_port()
         self.proc: subprocess.Popen[bytes] | None = None
+        self.log: Any = None
 
     def start(self) -> Daemon:
         self.store.mkdir(parents=True, exist_ok=True)
-        script = Path(__file__).with_name("standin_daemon.py")
-        self.proc = subprocess.Popen([sys.executable, str(script), "--store", str(self.store),
-                                      "--port", str(self.port)],
-                                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
-        deadline = time.monotonic() + 30
+        cmd = [sys.executable, "-m", "cuvil_edge.daemon.main", "--store", str(self.store),
+               "--port", str(self.port), "--log-level", "warning", "--intra-op-threads", "1"]
+        if self.pub is not None:
+            cmd += ["--pub", str(self.pub)]
+        cmd += list(self.args)
+        self.log = open(self.store.parent / f"cuvil-edged-{self.port}.log", "wb")  # noqa: SIM115
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=self.log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"daemon exited with {self.proc.returncode}")
-            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", self.port), 0.2):
-                return self
-            time.sleep(0.05)
-        raise RuntimeError("daemon did not listen within 30 s")
+                raise RuntimeError(f"cuvil-edged exited with {self.proc.returncode}: "
+                                   f"{Path(self.log.name).read_text()[-2000:]}")
+            with contextlib.suppress(OSError):
+                if self.get("/v2/health/live")[0] == 200:
+                    return self
+            time.sleep(0.1)
+        raise RuntimeError("cuvil-edged did not answer within 60 s")
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
@@ -339,6 +350,9 @@ class Daemon:
                 self.proc.kill()
                 self.proc.wait()
         self.proc = None
+        if self.log is not None:
+            self.log.close()
+            self.log = None
 
     def get(self, path: str) -> tuple[int, dict]:
         import urllib.error

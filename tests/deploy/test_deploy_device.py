@@ -114,15 +114,20 @@ class TestDeployDevice:
         assert r.status == "rolled-back" and "not reachable" in r.reason
         assert not (new.store / "bundles/digits/current").is_symlink()
 
-    def test_failing_health_gate_rolls_back(self, lab, bundles, deploy_keys):
-        dev = lab.device("dev0")
+    @pytest.mark.parametrize("warmup", ["true", "false"])
+    def test_failing_health_gate_rolls_back(self, lab, bundles, deploy_keys, warmup):
+        """With warm-up the daemon itself refuses the load; without, the gate's sample check fails."""
+        dev = lab.device("dev0", daemon_args=("--warmup", warmup))
         addr = lab.address(dev)
         good = prepare_bundle(bundles["v1"], deploy_keys["public"])
         assert run_sync(deploy_device(good, addr)).status == "deployed"
         bad = prepare_bundle(bundles["bad_health"], deploy_keys["public"])
         r = run_sync(deploy_device(bad, addr, DeployOptions(health_timeout=20)))
         assert r.status == "rolled-back"
-        assert "validation sample mismatch" in r.reason
+        if warmup == "true":
+            assert "load of digits failed" in r.reason
+        else:
+            assert "validation sample mismatch on output 'logits'" in r.reason
         assert os.readlink(dev.store / "bundles/digits/current") == "1.0.0"
         daemon = lab.daemons["dev0"]
         assert daemon.get("/v2/models/digits/versions/1.0.0/ready")[0] == 200

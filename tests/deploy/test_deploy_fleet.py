@@ -45,7 +45,7 @@ class TestRollout:
 
         # The unhealthy device gets its daemon back; a re-run finishes only what is left.
         dev2 = next(d for d in lab.devices if d.name == "dev2")
-        lab.daemons["dev2"] = Daemon(dev2.store).start()
+        lab.daemons["dev2"] = Daemon(dev2.store, deploy_keys["public"]).start()
         addrs[2] = lab.address(dev2)
         again = run_sync(rollout(b, addrs, FAST, policy))
         status = {r.device: r.status for r in again.results}
@@ -65,7 +65,7 @@ class TestRollout:
         assert "batch 1: 2 of 3 devices failed" in report.stopped
         for d in lab.devices:
             if d.name in ("dev4", "dev5", "dev6"):
-                assert not (d.store / "bundles").exists()
+                assert not (d.store / "bundles/digits").exists()
 
     def test_failing_canary_stops_everything(self, lab, bundles, deploy_keys):
         lab.device("anchor", daemon=False)

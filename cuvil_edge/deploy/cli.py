@@ -1,0 +1,352 @@
+"""``cuvil-edge deploy | rollback | status | install-daemon``: thin wrappers over ``cuvil_edge.deploy``."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import typer
+
+__all__ = ["register"]
+
+_ENV = "CUVIL_EDGE_"
+
+
+def _opt(default: Any, *flags: str, help: str, env: str | None = None, **kw: Any) -> Any:  # noqa: A002
+    return typer.Option(default, *flags, help=help, envvar=(_ENV + env) if env else None, **kw)
+
+
+TO = _opt(None, "--to", help="Device as \\[user@]host\\[:port]; repeat for several.", env="TO")
+INVENTORY = _opt(None, "--inventory", help="TOML inventory of devices (\\[\\[device]] tables with address = ...).",
+                 env="INVENTORY")
+IDENTITY = _opt(None, "--identity", "-i", help="SSH private key.", env="IDENTITY")
+KNOWN_HOSTS = _opt(None, "--known-hosts", help="known_hosts file. Defaults to ~/.ssh/known_hosts.",
+                   env="KNOWN_HOSTS")
+NO_HOST_KEY_CHECK = _opt(False, "--no-host-key-check", help="Accept any host key (insecure; labs only).",
+                         env="NO_HOST_KEY_CHECK")
+ROOT = _opt(None, "--root", help="Device system root where facts and units live. Defaults to /.",
+            env="DEVICE_ROOT")
+STORE = _opt(None, "--store", help="Bundle store on the device. Defaults to <root>/var/lib/cuvil-edge.",
+             env="STORE")
+DAEMON_PORT = _opt(None, "--daemon-port", help="Daemon HTTP port on the device's loopback. Defaults to 8000.",
+                   env="DAEMON_PORT")
+DAEMON_TOKEN = _opt(None, "--daemon-token", help="Bearer token of the daemon.", env="DAEMON_TOKEN")
+CONNECT_TIMEOUT = _opt(15.0, "--connect-timeout", help="SSH connect timeout, seconds.", env="CONNECT_TIMEOUT")
+HEALTH_TIMEOUT = _opt(60.0, "--health-timeout", help="Seconds the health gate may take.", env="HEALTH_TIMEOUT")
+AS_JSON = _opt(False, "--json", help="Print JSON instead of tables.")
+
+
+def _devices(to: list[str] | None, inventory: Path | None, identity: Path | None, known_hosts: Path | None,
+             no_host_key_check: bool, root: str | None, store: str | None, daemon_port: int | None) -> list:
+    from cuvil_edge.deploy.fleet import load_inventory
+    from cuvil_edge.deploy.transport import parse_address
+    from cuvil_edge.errors import DeployError
+
+    common: dict[str, Any] = {
+        "identity": str(identity.expanduser()) if identity else None,
+        "known_hosts": "" if no_host_key_check else (str(known_hosts.expanduser()) if known_hosts else None),
+        "root": root,
+        "store": store,
+        "daemon_port": daemon_port,
+    }
+    devices = []
+    if inventory is not None:
+        devices += load_inventory(inventory, **common)
+    given = {k: v for k, v in common.items() if v is not None}
+    for text in to or []:
+        devices.append(parse_address(text, **given))
+    if not devices:
+        raise DeployError("no devices: pass --to [user@]host[:port] or --inventory FILE")
+    return devices
+
+
+def _console() -> Any:
+    from cuvil_edge.cli import console
+
+    return console
+
+
+def deploy_cmd(
+    bundle: Path = typer.Argument(..., help="The bundle (.cvb) to deploy."),
+    to: list[str] = TO,
+    inventory: Path = INVENTORY,
+    pub: Path = _opt(None, "--pub", help="Public key the bundle's signature must verify with.", env="PUB"),
+    allow_unsigned: bool = _opt(False, "--allow-unsigned",
+                                help="Deploy without checking who signed the bundle (checksums still checked)."),
+    identity: Path = IDENTITY,
+    known_hosts: Path = KNOWN_HOSTS,
+    no_host_key_check: bool = NO_HOST_KEY_CHECK,
+    root: str = ROOT,
+    store: str = STORE,
+    daemon_port: int = DAEMON_PORT,
+    daemon_token: str = DAEMON_TOKEN,
+    keep: int = _opt(3, "--keep", help="Versions kept per device (current and previous always stay).",
+                     env="KEEP"),
+    health_timeout: float = HEALTH_TIMEOUT,
+    connect_timeout: float = CONNECT_TIMEOUT,
+    concurrency: int = _opt(8, "--concurrency", help="Devices deployed at once.", env="CONCURRENCY"),
+    canary: int = _opt(1, "--canary", help="Devices that must succeed one by one before the rest.",
+                       env="CANARY"),
+    batch_size: int = _opt(None, "--batch-size", help="Devices per batch after the canary. "
+                           "Defaults to --concurrency.", env="BATCH_SIZE"),
+    max_fail_share: float = _opt(0.25, "--max-fail-share", help="Stop after a batch in which more than "
+                                 "this share of devices failed.", env="MAX_FAIL_SHARE"),
+    report: Path = _opt(None, "--report", help="Write the JSON report here.", env="REPORT"),
+    as_json: bool = AS_JSON,
+) -> None:
+    """Deploy a bundle to devices over SSH: verify, send, switch atomically, health-gate, roll back.
+
+    Devices come from --to and --inventory. A canary goes first, then batches; a batch with too
+    many failures stops the rollout. Uploads resume; re-running finishes only what is left.
+    """
+    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from cuvil_edge.deploy.device import DeployOptions, prepare_bundle
+    from cuvil_edge.deploy.fleet import RolloutPolicy, rollout
+    from cuvil_edge.deploy.transport import run_sync
+    from cuvil_edge.errors import DeployError
+
+    t0 = time.monotonic()
+    if pub is None and not allow_unsigned:
+        raise DeployError("pass --pub KEY to check the bundle's signature (or --allow-unsigned)")
+    devices = _devices(to, inventory, identity, known_hosts, no_host_key_check, root, store, daemon_port)
+    prepared = prepare_bundle(bundle, pub)
+    options = DeployOptions(keep=keep, health_timeout=health_timeout, daemon_token=daemon_token,
+                            connect_timeout=connect_timeout)
+    policy = RolloutPolicy(concurrency=concurrency, canary=canary, batch_size=batch_size,
+                           max_fail_share=max_fail_share)
+    policy.check()
+    console = _console()
+    with Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TimeElapsedColumn(),
+                  console=console if not as_json else None, disable=as_json, transient=False) as bar:
+        overall = bar.add_task(f"{prepared.name} {prepared.version} → {len(devices)} device(s)",
+                               total=len(devices) * prepared.size)
+        per: dict[str, Any] = {}
+        shown: dict[str, int] = {}
+        detail = len(devices) <= 24
+
+        def progress(device: str, stage: str, done: int, total: int) -> None:
+            if detail and device not in per:
+                per[device] = bar.add_task(f"  {device}", total=prepared.size)
+            if stage == "upload" or stage in ("switch", "health", "extract"):
+                step = max(0, done - shown.get(device, 0))
+                shown[device] = max(shown.get(device, 0), done)
+                bar.advance(overall, step)
+            if detail:
+                bar.update(per[device], completed=min(done, prepared.size) if stage != "probe" else 0,
+                           description=f"  {device}: {stage}")
+
+        def on_result(r: Any) -> None:
+            left = prepared.size - shown.get(r.device, 0)
+            bar.advance(overall, max(0, left))
+            shown[r.device] = prepared.size
+            if detail and r.device in per:
+                bar.update(per[r.device], completed=prepared.size, description=f"  {r.device}: {r.status}")
+
+        result = run_sync(rollout(prepared, devices, options, policy, progress, on_result))
+    if report is not None:
+        result.write(report)
+    if as_json:
+        print(json.dumps(result.to_dict(), indent=2))
+    else:
+        _print_results(result)
+    ok = result.ok
+    line = "PASSED" if ok else "FAILED"
+    counts = ", ".join(f"{v} {k}" for k, v in sorted(result.counts().items()))
+    _console().print(f"[bold {'green' if ok else 'red'}]{line}[/] {counts} in {time.monotonic() - t0:.1f} s",
+                     highlight=False)
+    if not ok:
+        raise typer.Exit(1)
+
+
+def _print_results(report: Any) -> None:
+    from rich.table import Table
+
+    t = Table(title=f"deploy {report.bundle['name']} {report.bundle['version']}")
+    for col in ("device", "status", "version", "previous", "sent", "s", "reason / notes"):
+        t.add_column(col, overflow="fold")
+    colors = {"deployed": "green", "unchanged": "green", "rolled-back": "yellow", "skipped": "dim"}
+    for r in report.results:
+        text = r.reason or "; ".join(r.notes)
+        t.add_row(r.device, f"[{colors.get(r.status, 'red')}]{r.status}[/]", r.version or "-",
+                  r.previous or "-", _size(r.bytes_sent), f"{r.seconds:.1f}", text)
+    _console().print(t)
+    if report.stopped:
+        _console().print(f"[bold red]rollout stopped:[/] {report.stopped}", highlight=False)
+
+
+def _size(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024  # type: ignore[assignment]
+    return str(n)
+
+
+def rollback_cmd(
+    name: str = typer.Argument(..., help="Bundle (model) name."),
+    to: list[str] = TO,
+    inventory: Path = INVENTORY,
+    version: str = _opt(None, "--version", help="Version to go back to. Defaults to the previous one."),
+    identity: Path = IDENTITY,
+    known_hosts: Path = KNOWN_HOSTS,
+    no_host_key_check: bool = NO_HOST_KEY_CHECK,
+    root: str = ROOT,
+    store: str = STORE,
+    daemon_port: int = DAEMON_PORT,
+    daemon_token: str = DAEMON_TOKEN,
+    health_timeout: float = HEALTH_TIMEOUT,
+    connect_timeout: float = CONNECT_TIMEOUT,
+    as_json: bool = AS_JSON,
+) -> None:
+    """Switch a model back to its previous version (or --version) on each device, health-gated."""
+    import asyncio
+
+    from cuvil_edge.deploy.device import DeployOptions, rollback_device
+    from cuvil_edge.deploy.transport import run_sync
+
+    t0 = time.monotonic()
+    devices = _devices(to, inventory, identity, known_hosts, no_host_key_check, root, store, daemon_port)
+    options = DeployOptions(health_timeout=health_timeout, daemon_token=daemon_token,
+                            connect_timeout=connect_timeout)
+
+    async def all_devices() -> list:
+        sem = asyncio.Semaphore(8)
+
+        async def one(d: Any) -> Any:
+            async with sem:
+                return await rollback_device(d, name, version, options)
+
+        return list(await asyncio.gather(*(one(d) for d in devices)))
+
+    results = run_sync(all_devices())
+    if as_json:
+        print(json.dumps([r.to_dict() for r in results], indent=2))
+    else:
+        from rich.table import Table
+
+        t = Table(title=f"rollback {name}")
+        for col in ("device", "status", "now", "was", "reason / notes"):
+            t.add_column(col, overflow="fold")
+        for r in results:
+            st = "rolled back" if r.status == "deployed" else r.status
+            t.add_row(r.device, st, r.version or "-", r.previous or "-", r.reason or "; ".join(r.notes))
+        _console().print(t)
+    ok = all(r.status == "deployed" for r in results)
+    _console().print(f"[bold {'green' if ok else 'red'}]{'PASSED' if ok else 'FAILED'}[/] "
+                     f"{len(results)} device(s) in {time.monotonic() - t0:.1f} s", highlight=False)
+    if not ok:
+        raise typer.Exit(1)
+
+
+def status_cmd(
+    to: list[str] = TO,
+    inventory: Path = INVENTORY,
+    name: str = _opt(None, "--name", help="Only this bundle (model) name."),
+    identity: Path = IDENTITY,
+    known_hosts: Path = KNOWN_HOSTS,
+    no_host_key_check: bool = NO_HOST_KEY_CHECK,
+    root: str = ROOT,
+    store: str = STORE,
+    daemon_port: int = DAEMON_PORT,
+    daemon_token: str = DAEMON_TOKEN,
+    connect_timeout: float = CONNECT_TIMEOUT,
+    as_json: bool = AS_JSON,
+) -> None:
+    """Per device: versions present, current and previous, daemon and model health, board facts."""
+    import asyncio
+
+    from cuvil_edge.deploy.device import DeployOptions, device_status
+    from cuvil_edge.deploy.transport import run_sync
+
+    devices = _devices(to, inventory, identity, known_hosts, no_host_key_check, root, store, daemon_port)
+    options = DeployOptions(daemon_token=daemon_token, connect_timeout=connect_timeout)
+
+    async def all_devices() -> list:
+        sem = asyncio.Semaphore(8)
+
+        async def one(d: Any) -> Any:
+            async with sem:
+                return await device_status(d, name, options)
+
+        return list(await asyncio.gather(*(one(d) for d in devices)))
+
+    results = run_sync(all_devices())
+    if as_json:
+        print(json.dumps(results, indent=2))
+    else:
+        from rich.table import Table
+
+        t = Table(title="cuvil-edge devices")
+        for col in ("device", "board", "daemon", "model", "current", "previous", "versions", "ready"):
+            t.add_column(col, overflow="fold")
+        for s in results:
+            if not s.get("reachable"):
+                t.add_row(s["device"], "-", f"[red]unreachable[/]: {s.get('error', '')}", "", "", "", "", "")
+                continue
+            f = s.get("facts") or {}
+            board = f"{f.get('profile') or f.get('arch')}" + (f" L4T {f['l4t']}" if f.get("l4t") else "")
+            models = s.get("models") or [{}]
+            for i, m in enumerate(models):
+                ready = {True: "[green]yes[/]", False: "[red]no[/]", None: "-"}[m.get("ready")]
+                t.add_row(s["device"] if i == 0 else "", board if i == 0 else "", s.get("daemon", "") if i == 0
+                          else "", m.get("name", "-"), m.get("current") or "-", m.get("previous") or "-",
+                          ", ".join(m.get("versions", [])) or "-", ready)
+        _console().print(t)
+    if not all(s.get("reachable") for s in results):
+        raise typer.Exit(1)
+
+
+def install_daemon_cmd(
+    to: list[str] = TO,
+    inventory: Path = INVENTORY,
+    unit: Path = _opt(None, "--unit", help="Unit file to install. Defaults to the packaged cuvil-edged.service."),
+    start: bool = _opt(True, "--start/--no-start", help="Restart the service where systemd runs."),
+    identity: Path = IDENTITY,
+    known_hosts: Path = KNOWN_HOSTS,
+    no_host_key_check: bool = NO_HOST_KEY_CHECK,
+    root: str = ROOT,
+    connect_timeout: float = CONNECT_TIMEOUT,
+    as_json: bool = AS_JSON,
+) -> None:
+    """Install the daemon's systemd unit on each device and enable it (daemon-reload where systemd runs)."""
+    import asyncio
+
+    from cuvil_edge.deploy.install import install_daemon, read_unit
+    from cuvil_edge.deploy.transport import run_sync
+
+    t0 = time.monotonic()
+    devices = _devices(to, inventory, identity, known_hosts, no_host_key_check, root, None, None)
+    data = read_unit(unit)
+
+    async def all_devices() -> list:
+        return list(await asyncio.gather(*(install_daemon(d, data, start, connect_timeout) for d in devices)))
+
+    results = run_sync(all_devices())
+    if as_json:
+        print(json.dumps([r.to_dict() for r in results], indent=2))
+    else:
+        from rich.table import Table
+
+        t = Table(title="install-daemon")
+        for col in ("device", "status", "unit", "enabled for", "systemd", "reason"):
+            t.add_column(col, overflow="fold")
+        for r in results:
+            t.add_row(r.device, r.status, r.unit_path, ", ".join(r.enabled), "running" if r.systemd_running
+                      else "not running (enabled for next boot)", r.reason)
+        _console().print(t)
+    ok = all(r.ok for r in results)
+    _console().print(f"[bold {'green' if ok else 'red'}]{'PASSED' if ok else 'FAILED'}[/] "
+                     f"{len(results)} device(s) in {time.monotonic() - t0:.1f} s", highlight=False)
+    if not ok:
+        raise typer.Exit(1)
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``deploy``, ``rollback``, ``status`` and ``install-daemon`` to the CLI."""
+    app.command("deploy")(deploy_cmd)
+    app.command("rollback")(rollback_cmd)
+    app.command("status")(status_cmd)
+    app.command("install-daemon")(install_daemon_cmd)
