@@ -158,7 +158,9 @@ def deploy_cmd(
     _console().print(f"[bold {'green' if ok else 'red'}]{line}[/] {counts} in {time.monotonic() - t0:.1f} s",
                      highlight=False)
     if not ok:
-        raise typer.Exit(1)
+        bad = sum(1 for r in result.results if not r.ok)
+        raise DeployError(f"{bad} of {len(result.results)} device(s) do not serve {prepared.name} "
+                          f"{prepared.version}; see the table{' and ' + str(report) if report else ''}")
 
 
 def _print_results(report: Any) -> None:
@@ -237,8 +239,7 @@ def rollback_cmd(
     ok = all(r.status == "deployed" for r in results)
     _console().print(f"[bold {'green' if ok else 'red'}]{'PASSED' if ok else 'FAILED'}[/] "
                      f"{len(results)} device(s) in {time.monotonic() - t0:.1f} s", highlight=False)
-    if not ok:
-        raise typer.Exit(1)
+    _fail_unless(ok, f"rollback of {name} failed on some devices; see the table")
 
 
 def status_cmd(
@@ -295,8 +296,7 @@ def status_cmd(
                           else "", m.get("name", "-"), m.get("current") or "-", m.get("previous") or "-",
                           ", ".join(m.get("versions", [])) or "-", ready)
         _console().print(t)
-    if not all(s.get("reachable") for s in results):
-        raise typer.Exit(1)
+    _fail_unless(all(s.get("reachable") for s in results), "some devices are unreachable")
 
 
 def install_daemon_cmd(
@@ -340,8 +340,15 @@ def install_daemon_cmd(
     ok = all(r.ok for r in results)
     _console().print(f"[bold {'green' if ok else 'red'}]{'PASSED' if ok else 'FAILED'}[/] "
                      f"{len(results)} device(s) in {time.monotonic() - t0:.1f} s", highlight=False)
+    _fail_unless(ok, "the unit could not be installed on some devices; see the table")
+
+
+def _fail_unless(ok: bool, message: str) -> None:
+    # A CuvilEdgeError, not typer.Exit: cuvil_edge.cli.main turns it into exit 1 with one line.
+    from cuvil_edge.errors import DeployError
+
     if not ok:
-        raise typer.Exit(1)
+        raise DeployError(message)
 
 
 def register(app: typer.Typer) -> None:

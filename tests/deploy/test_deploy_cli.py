@@ -1,0 +1,97 @@
+"""The deploy commands end to end through ``cuvil-edge`` against loopback devices."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from cuvil_edge.cli import main
+
+
+def _device_args(lab, dev):
+    a = lab.address(dev)
+    return ["--to", f"root@127.0.0.1:{dev.port}", "--identity", a.identity, "--known-hosts", a.known_hosts,
+            "--root", a.root, "--store", a.store, "--daemon-port", str(a.daemon_port)]
+
+
+class TestDeployCommands:
+    def test_deploy_status_rollback(self, lab, bundles, deploy_keys, tmp_path, capsys):
+        dev = lab.device("dev0")
+        args = _device_args(lab, dev)
+        pub = str(deploy_keys["public"])
+        report = tmp_path / "report.json"
+        assert main(["deploy", str(bundles["v1"]), "--pub", pub, *args, "--report", str(report)]) == 0
+        assert main(["deploy", str(bundles["v2"]), "--pub", pub, *args]) == 0
+        out = capsys.readouterr().out
+        assert "PASSED" in out and "deployed" in out
+        data = json.loads(report.read_text())
+        assert data["ok"] and data["devices"][0]["status"] == "deployed"
+        assert data["devices"][0]["bytes_sent"] == bundles["v1"].stat().st_size
+
+        assert main(["status", *args, "--json"]) == 0
+        status = json.loads(capsys.readouterr().out)
+        model = status[0]["models"][0]
+        assert (model["current"], model["previous"], model["ready"]) == ("1.1.0", "1.0.0", True)
+        assert status[0]["daemon"] == "ready" and status[0]["facts"]["arch"] == "x86_64"
+
+        assert main(["rollback", "digits", *args]) == 0
+        assert "rolled back" in capsys.readouterr().out
+        assert os.readlink(dev.store / "bundles/digits/current") == "1.0.0"
+
+    def test_deploy_refuses_without_key_or_with_wrong_key(self, lab, bundles, deploy_keys, capsys):
+        dev = lab.device("dev0", daemon=False)
+        args = _device_args(lab, dev)
+        assert main(["deploy", str(bundles["v1"]), *args]) == 1
+        assert "--pub" in capsys.readouterr().err
+        assert main(["deploy", str(bundles["v1"]), "--pub", str(deploy_keys["other_public"]), *args]) == 1
+        assert "wrong key" in capsys.readouterr().err
+        assert not (dev.store / "deploy").exists()
+
+    def test_failed_device_exits_1_with_table(self, lab, bundles, deploy_keys, capsys):
+        dev = lab.device("dev0")
+        args = _device_args(lab, dev)
+        assert main(["deploy", str(bundles["bad_health"]), "--pub", str(deploy_keys["public"]), *args,
+                     "--health-timeout", "10"]) == 1
+        out = capsys.readouterr().out
+        assert "rolled-back" in out and "FAILED" in out
+
+    def test_install_daemon(self, lab, capsys):
+        dev = lab.device("dev0", daemon=False)
+        a = lab.address(dev)
+        args = ["--to", f"root@127.0.0.1:{dev.port}", "--identity", a.identity, "--known-hosts", a.known_hosts,
+                "--root", a.root]
+        assert main(["install-daemon", *args]) == 0
+        unit = dev.root / "etc/systemd/system/cuvil-edged.service"
+        from cuvil_edge.deploy.install import default_unit, wanted_by
+
+        assert unit.read_bytes() == default_unit()
+        for target in wanted_by(default_unit()):
+            link = dev.root / f"etc/systemd/system/{target}.wants/cuvil-edged.service"
+            assert os.readlink(link) == "/etc/systemd/system/cuvil-edged.service"
+        assert "installed" in capsys.readouterr().out
+        assert main(["install-daemon", *args, "--json"]) == 0
+        assert json.loads(capsys.readouterr().out)[0]["status"] == "unchanged"
+
+
+def test_install_daemon_custom_unit_and_bad_unit(lab, tmp_path, capsys):
+    dev = lab.device("dev0", daemon=False)
+    a = lab.address(dev)
+    args = ["--to", f"root@127.0.0.1:{dev.port}", "--identity", a.identity, "--known-hosts", a.known_hosts,
+            "--root", a.root]
+    unit = tmp_path / "cuvil-edged.service"
+    unit.write_text("[Unit]\nDescription=x\n[Service]\nExecStart=/usr/bin/cuvil-edged\n"
+                    "[Install]\nWantedBy=multi-user.target graphical.target\n")
+    assert main(["install-daemon", *args, "--unit", str(unit)]) == 0
+    for target in ("multi-user.target", "graphical.target"):
+        assert (dev.root / f"etc/systemd/system/{target}.wants/cuvil-edged.service").is_symlink()
+    unit.write_text("[Unit]\nDescription=x\n[Service]\nExecStart=/usr/bin/cuvil-edged\n")
+    assert main(["install-daemon", *args, "--unit", str(unit)]) == 1
+    assert "WantedBy" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("cmd", ["deploy", "rollback", "status", "install-daemon"])
+def test_help(cmd, capsys):
+    assert main([cmd, "--help"]) == 0
+    assert "Usage" in capsys.readouterr().out
