@@ -1,0 +1,6 @@
+// nms_sve.c: nms for FEAT_SVE, vector-length agnostic (body in nms_sve.inc).
+#if !defined(__aarch64__) || !defined(__ARM_FEATURE_SVE)
+#error This file must be compiled for AArch64, FEAT_SVE.
+#endif
+#define CUVIL_ISA sve
+#include "nms_sve.inc"

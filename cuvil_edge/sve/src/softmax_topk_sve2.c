@@ -1,0 +1,7 @@
+// softmax_topk_sve2.c: softmax_topk for FEAT_SVE2 (body in softmax_topk_sve.inc; SVE2-only instructions where they
+// save work are under __ARM_FEATURE_SVE2 there).
+#if !defined(__aarch64__) || !defined(__ARM_FEATURE_SVE2)
+#error This file must be compiled for AArch64, FEAT_SVE2.
+#endif
+#define CUVIL_ISA sve2
+#include "softmax_topk_sve.inc"
