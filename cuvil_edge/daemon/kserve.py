@@ -316,7 +316,7 @@ class App:
                 req.error(405, "use POST for repository requests")
             elif n == 4 and parts[3] == "index":
                 self._index(req)
-            elif n == 7 and parts[3] == "models" and parts[5] in ("load", "unload"):
+            elif n == 6 and parts[3] == "models" and parts[5] in ("load", "unload"):
                 self._repo(req, unquote(parts[4]), parts[5])
             else:
                 req.error(404, f"no such endpoint: {path}")
@@ -459,18 +459,21 @@ class App:
     # ------------------------------------------------------------------ inference
 
     def _infer(self, req: Request, name: str, version: str | None) -> None:
+        if self.pressure is not None:
+            reject, retry = self.pressure()
+            if reject:
+                self.state.rejected += 1
+                entry = self.registry.entries.get(name)
+                if entry is not None and entry.instance is not None:
+                    entry.instance.stats.rejected += 1
+                    entry.instance.stats.record_request(False, 0)
+                req.error(503, "memory pressure: the daemon is refusing new requests for now; retry later",
+                          [(b"retry-after", str(max(1, int(round(retry)))).encode())])
+                return
         inst = self._lookup(req, name, version)
         if inst is None:
             self.state.failed_unknown += 1
             return
-        if self.pressure is not None:
-            reject, retry = self.pressure()
-            if reject:
-                inst.stats.rejected += 1
-                inst.stats.record_request(False, 0)
-                req.error(503, "memory pressure: the daemon is refusing new requests for now; retry later",
-                          [(b"retry-after", str(max(1, int(round(retry)))).encode())])
-                return
         body = req.body
         enc = req.headers.get(b"content-encoding")
         try:

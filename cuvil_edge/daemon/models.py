@@ -241,7 +241,8 @@ class ModelInstance:
             return
         ewma = self.single_us = us if self.single_us is None else 0.8 * self.single_us + 0.2 * us
         if self.batcher is not None:
-            self.batcher.inline_ok = self.inline_us > 0 and ewma < self.inline_us
+            # A queue delay asks for fuller batches: never bypass the queue then.
+            self.batcher.inline_ok = self.inline_us > 0 and ewma < self.inline_us and self._delay == 0
 
     def close(self) -> None:
         """Stop the batcher and free the backend (worker thread)."""

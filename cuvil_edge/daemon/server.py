@@ -54,6 +54,7 @@ class ServerState:
         self.total_requests = 0
         self.protocol_errors = 0
         self.failed_unknown = 0
+        self.rejected = 0
         self.client_gone = 0
         self.ready = False
         self.shutting_down = False
@@ -329,6 +330,10 @@ class Server:
             "cuvil_http_requests_total": ("HTTP requests answered", [({}, s.total_requests)]),
             "cuvil_http_protocol_errors_total": ("Malformed or oversized HTTP requests", [({}, s.protocol_errors)]),
             "cuvil_http_client_gone_total": ("Requests whose client disconnected first", [({}, s.client_gone)]),
+            "cuvil_http_rejected_total": ("Inference requests refused with 503 under memory pressure",
+                                          [({}, s.rejected)]),
+            "cuvil_http_unknown_model_total": ("Inference requests for a model not served",
+                                               [({}, s.failed_unknown)]),
         }
         counters.update(self.resources.counters())
         return render_prometheus((i.stats for i in instances), gauges, counters)
