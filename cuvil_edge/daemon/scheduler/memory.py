@@ -92,7 +92,8 @@ class PressureThresholds:
     ``free_pct[k]`` is the free-RAM level below which step ``k+1`` applies. ``exit_margin_pct`` is
     added when testing whether a step may be left (hysteresis). A largest free block smaller than
     ``lfb_min_kb`` (fragmentation: no 4 MB block left) or fewer than ``lfb_min_blocks`` free
-    blocks raise the level by one, as does swap growing faster than ``swap_growth_mb_s``.
+    blocks raise the level by one when RAM is already short (``free_pct[0]``), and swap growing
+    faster than ``swap_growth_mb_s`` raises it by one in any case.
     Headroom of our own budget below ``headroom_pct`` of the budget asks for at least
     ``CAP_BATCH``; a negative headroom (others grew into our share) for ``UNLOAD_LRU``.
     """
@@ -328,7 +329,7 @@ class MemoryScheduler:
             available = self.budget_bytes - others
             if nbytes > available or self.level >= PressureLevel.REJECT:
                 self.rejected_admissions += 1
-                why = "memory pressure is at REJECT" if nbytes <= available else "it does not fit"
+                why = "memory pressure is at REJECT" if self.level >= PressureLevel.REJECT else "it does not fit"
                 msg = (
                     f"cannot load '{name}': needs {nbytes / MiB:.1f} MiB but {max(0, available) / MiB:.1f} MiB of the "
                     f"{self.budget_bytes / MiB:.1f} MiB budget is free ({why}; board {self.total_bytes / MiB:.0f} MiB, "
@@ -442,18 +443,19 @@ class MemoryScheduler:
                     level = PressureLevel(k + 1)
             if level:
                 reasons.append(f"free RAM {free_pct:.1f}%")
-        bump = 0
-        if sample.lfb_size_kb is not None and sample.lfb_count is not None:
-            if sample.lfb_size_kb < th.lfb_min_kb or sample.lfb_count < th.lfb_min_blocks:
-                bump = 1
-                reasons.append(f"largest free block {sample.lfb_count}x{sample.lfb_size_kb:.0f}kB")
-        if self.swap_growth_mb_s is not None and self.swap_growth_mb_s > th.swap_growth_mb_s:
-            bump = 1
-            reasons.append(f"swap growing {self.swap_growth_mb_s:.1f} MB/s")
-        if bump and level:
+        # A small largest-free-block only matters once RAM is short: recorded lines show an idle
+        # AGX Orin 64GB at 4% RAM used reporting "lfb 2x4MB" (tests/data/tegrastats/orin_jp6.log).
+        fragmented = (
+            sample.lfb_size_kb is not None
+            and sample.lfb_count is not None
+            and (sample.lfb_size_kb < th.lfb_min_kb or sample.lfb_count < th.lfb_min_blocks)
+        )
+        if fragmented and level:
             level = PressureLevel(min(PressureLevel.REJECT, level + 1))
-        elif bump:
-            level = PressureLevel.SHRINK_PREFETCH
+            reasons.append(f"largest free block {sample.lfb_count}x{sample.lfb_size_kb:.0f}kB")
+        if self.swap_growth_mb_s is not None and self.swap_growth_mb_s > th.swap_growth_mb_s:
+            level = PressureLevel(min(PressureLevel.REJECT, level + 1))
+            reasons.append(f"swap growing {self.swap_growth_mb_s:.1f} MB/s")
         budget = self.budget_bytes
         headroom = self.headroom_bytes
         if headroom < 0 and self._res:
@@ -476,10 +478,12 @@ class MemoryScheduler:
                 ours = sum(r.bytes for r in self._res.values() if r.measured_bytes is not None) + self.dynamic_bytes
                 self.other_bytes = max(0, int(sample.ram_used_mb * MiB) - ours)
             if sample.swap_used_mb is not None:
-                if self._swap_prev is not None and sample.timestamp > self._swap_prev[0]:
-                    dt = sample.timestamp - self._swap_prev[0]
-                    self.swap_growth_mb_s = (sample.swap_used_mb - self._swap_prev[1]) / dt
-                self._swap_prev = (sample.timestamp, sample.swap_used_mb)
+                # A rate needs a time base: samples closer than 0.25 s (a fast replay) keep the last one.
+                if self._swap_prev is None or sample.timestamp - self._swap_prev[0] >= 0.25:
+                    if self._swap_prev is not None:
+                        dt = sample.timestamp - self._swap_prev[0]
+                        self.swap_growth_mb_s = (sample.swap_used_mb - self._swap_prev[1]) / dt
+                    self._swap_prev = (sample.timestamp, sample.swap_used_mb)
             self._last_sample = sample
             old = self.level
             raw, reason = self._raw_level(sample, 0.0)

@@ -14,8 +14,8 @@ follows the issue's rules:
 Against noisy samples it smooths inputs with an EWMA, asks for ``patience_up`` agreeing samples
 before going deeper (additive increase, one step) but cuts at once on a hard signal
 (multiplicative decrease, halving), waits ``cooldown`` samples after any change, and after a cut
-remembers the depth that hurt as a ceiling for ``ceiling_ttl`` samples so it does not probe the
-same edge again and again. Every decision is logged with its inputs and kept in
+remembers the depth that hurt as a ceiling for ``ceiling_ttl`` samples (doubled, up to 8x, each
+time the same edge hurts again) so it does not probe the same edge again and again. Every decision is logged with its inputs and kept in
 :attr:`PrefetchController.decisions`; :meth:`PrefetchController.snapshot` feeds ``/metrics``.
 """
 
@@ -144,6 +144,8 @@ class PrefetchController:
         self._since_change = 10**9
         self._ceiling: int | None = None
         self._ceiling_left = 0
+        self._ttl_mult = 1
+        self._last_cut_from: int | None = None
         self._gpu: float | None = None
         self._emc: float | None = None
         self._qratio: float | None = None
@@ -304,8 +306,11 @@ class PrefetchController:
         direction = (new > prev) - (new < prev)
         if direction:
             if direction < 0:
+                # Hitting the same edge again doubles how long it stays off limits (up to 8x).
+                self._ttl_mult = min(8, self._ttl_mult * 2) if prev == self._last_cut_from else 1
+                self._last_cut_from = prev
                 self._ceiling = prev
-                self._ceiling_left = self.ceiling_ttl
+                self._ceiling_left = self.ceiling_ttl * self._ttl_mult
             if self._last_dir and direction != self._last_dir:
                 self.direction_changes += 1
             self._last_dir = direction
