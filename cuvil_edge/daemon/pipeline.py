@@ -5,6 +5,7 @@ daemon accepts an input named :data:`IMAGE_INPUT` (``"image"``), datatype UINT8,
 ``[H, W, 3]`` or ``[N, H, W, 3]`` (HWC, RGB, any size). It is resized to the spec's ``size``
 (bilinear or nearest; letterboxed when ``letterbox`` is true), channel-swapped for ``color: BGR``,
 normalized ``(x - mean) / std``, laid out NCHW or NHWC, and fed as the model's first input.
+Letterbox borders take ``pad_value`` (pixel units, default 114 as YOLO) before normalization.
 
 Post-processing adds outputs computed from the model's first output:
 
@@ -113,7 +114,7 @@ def _topk(x: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _nms(boxes: np.ndarray, scores: np.ndarray, iou: float, limit: int) -> np.ndarray:
-    """Greedy NMS on xyxy boxes; indices kept, best first."""
+    """Greedy NMS on xyxy boxes; indices kept, best first (a box goes when IoU > ``iou``)."""
     order = np.argsort(-scores, kind="stable")
     x1, y1, x2, y2 = boxes.T
     area = np.maximum(x2 - x1, 0) * np.maximum(y2 - y1, 0)
@@ -197,39 +198,43 @@ class Pipeline:
         oh, ow = (int(v) for v in self.pre["size"])
         if img.ndim != 3 or img.shape[2] != 3:
             raise DaemonError(f"input '{IMAGE_INPUT}' must be HWC with 3 channels, got shape {list(img.shape)}")
-        if self.pre.get("color", "RGB").upper() == "BGR":
-            img = img[..., ::-1]
+        swap = self.pre.get("color", "RGB").upper() == "BGR"
         method = self.pre.get("resize", "bilinear")
         letterbox = bool(self.pre.get("letterbox", False))
+        pad = self.pre.get("pad_value", 114.0)
         sve = kernels()
-        ih, iw = img.shape[:2]
-        if letterbox:
-            scale = min(oh / ih, ow / iw)
-            rh, rw = max(1, round(ih * scale)), max(1, round(iw * scale))
-        else:
-            rh, rw = oh, ow
-        out: np.ndarray | None = None
-        if sve is not None and method == "bilinear" and not letterbox:
+        out: np.ndarray | None = None  # (3, oh, ow) float32
+        if sve is not None and method == "bilinear":
             try:
-                out = np.asarray(sve.resize_normalize(np.ascontiguousarray(img), (oh, ow),
-                                                      self._mean, self._std), np.float32)
-                if out.shape != (oh, ow, 3):
-                    out = None
-            except Exception as exc:  # a kernel never takes the daemon down: fall back to numpy
+                out = sve.resize_normalize(np.ascontiguousarray(img), (oh, ow), self._mean, self._std,
+                                           swap_rb=swap, letterbox=letterbox, pad_value=pad)
+            except Exception as exc:  # a kernel never takes the daemon down: numpy instead
                 log.debug("sve.resize_normalize failed (%s); numpy fallback", exc)
                 out = None
         if out is None:
-            resized = (_resize_nearest if method == "nearest" else _resize_bilinear)(img, rh, rw)
-            if letterbox:
-                canvas = np.empty((oh, ow, 3), np.float32)
-                canvas[...] = self._mean  # pads normalize to 0
-                top, left = (oh - rh) // 2, (ow - rw) // 2
-                canvas[top:top + rh, left:left + rw] = resized
-                resized = canvas
-            out = (resized - self._mean) / self._std
-        if self.pre.get("layout", "NCHW").upper() == "NCHW":
-            out = out.transpose(2, 0, 1)
+            out = self._preprocess_numpy(img, oh, ow, swap, method, letterbox, pad)
+        if self.pre.get("layout", "NCHW").upper() == "NHWC":
+            out = out.transpose(1, 2, 0)
         return np.ascontiguousarray(out, dtype=np.float32)
+
+    def _preprocess_numpy(self, img: np.ndarray, oh: int, ow: int, swap: bool, method: str, letterbox: bool,
+                          pad: Any) -> np.ndarray:
+        """The reference path: same arithmetic as the kernels' scalar version, (3, oh, ow) float32."""
+        if swap:
+            img = img[..., ::-1]
+        ih, iw = img.shape[:2]
+        resize = _resize_nearest if method == "nearest" else _resize_bilinear
+        if letterbox:
+            scale = min(oh / ih, ow / iw)
+            rh, rw = max(1, min(oh, round(ih * scale))), max(1, min(ow, round(iw * scale)))
+            canvas = np.empty((oh, ow, 3), np.float32)
+            canvas[...] = np.broadcast_to(np.asarray(pad, np.float32), (3,))
+            top, left = (oh - rh) // 2, (ow - rw) // 2
+            canvas[top:top + rh, left:left + rw] = resize(img, rh, rw)
+            resized = canvas
+        else:
+            resized = resize(img, oh, ow)
+        return ((resized - self._mean) / self._std).transpose(2, 0, 1)
 
     # ------------------------------------------------------------------ post-processing
 
@@ -265,8 +270,8 @@ class Pipeline:
         sve = kernels()
         if sve is not None and soft:
             try:
-                vals, idx = sve.softmax_topk(np.ascontiguousarray(x), k)
-                return np.asarray(vals, np.float32), np.asarray(idx, np.int64)
+                vals, idx = sve.softmax_topk(x, min(k, x.shape[1]))
+                return vals, idx.astype(np.int64)
             except Exception as exc:
                 log.debug("sve.softmax_topk failed (%s); numpy fallback", exc)
         if soft:
@@ -287,20 +292,34 @@ class Pipeline:
         n = raw.shape[0]
         dets = np.zeros((n, limit, 6), np.float32)
         counts = np.zeros((n,), np.int32)
+        sve = kernels()
+        fmt = str(p.get("box_format", "cxcywh"))
         for b in range(n):
-            boxes = raw[b, :, :4].astype(np.float32)
-            cls_scores = raw[b, :, 4:]
+            boxes = raw[b, :, :4].astype(np.float32, copy=False)
+            cls_scores = raw[b, :, 4:].astype(np.float32, copy=False)
+            if sve is not None:
+                try:
+                    d = sve.nms(boxes, cls_scores, box_format=fmt, score_threshold=thr, iou_threshold=iou,
+                                class_agnostic=agnostic, max_detections=limit)
+                    m = len(d.scores)
+                    dets[b, :m, :4] = d.boxes
+                    dets[b, :m, 4] = d.scores
+                    dets[b, :m, 5] = d.classes
+                    counts[b] = m
+                    continue
+                except Exception as exc:
+                    log.debug("sve.nms failed (%s); numpy fallback", exc)
             cls = cls_scores.argmax(-1)
             score = cls_scores.max(-1)
-            sel = score >= thr
-            boxes, cls, score = boxes[sel], cls[sel], score[sel]
-            if p.get("box_format", "cxcywh") == "cxcywh":
-                cx, cy, w, h = boxes.T
-                boxes = np.stack([cx - w / 2, cy - h / 2, cx + w / 2, cy + h / 2], -1)
-            shifted = boxes if agnostic else boxes + (cls.astype(np.float32) * 1e4)[:, None]
+            sel = score > thr
+            bx, cls, score = boxes[sel], cls[sel], score[sel]
+            if fmt == "cxcywh":
+                cx, cy, w, h = bx.T
+                bx = np.stack([cx - w / 2, cy - h / 2, cx + w / 2, cy + h / 2], -1)
+            shifted = bx if agnostic else bx + (cls.astype(np.float32) * 1e4)[:, None]
             keep = _nms(shifted, score, iou, limit)
             m = len(keep)
-            dets[b, :m, :4] = boxes[keep]
+            dets[b, :m, :4] = bx[keep]
             dets[b, :m, 4] = score[keep]
             dets[b, :m, 5] = cls[keep]
             counts[b] = m
