@@ -1,0 +1,186 @@
+"""``cuvil-edge demo``: the main job end to end on a real model, for a simulated Orin Nano 8 GB.
+
+EfficientNet-Lite0 (ImageNet weights) is calibrated on real photographs, quantized to mixed
+INT8/FP32 in TensorRT's Q/DQ form, validated against FP32 on photos calibration never saw,
+signed, verified, installed into a bundle store and run once; then served by the daemon when it
+is available.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import typer
+from rich.table import Table
+
+__all__ = ["imagenet_labels", "register", "run_demo"]
+
+DEMO_RECIPE = "efficientnet-lite0-orin-nano.toml"
+
+
+def imagenet_labels() -> list[str]:
+    from importlib import resources
+
+    text = resources.files("cuvil_edge").joinpath("data/imagenet_labels.txt").read_text("utf-8")
+    return [line for line in text.splitlines() if line and not line.startswith("#")]
+
+
+def _recipe_path() -> Path:
+    from cuvil_edge.errors import RecipeError
+
+    path = Path(__file__).resolve().parents[1] / "recipes" / DEMO_RECIPE
+    if not path.exists():
+        raise RecipeError(f"{path}: demo recipe not found; run the demo from a source checkout")
+    return path
+
+
+def _install(bundle: Path, store: Path, public_key: Path) -> Path:
+    """Extract into ``store/bundles/<name>/<version>`` and point ``current`` at it (atomic rename)."""
+    import os
+
+    from cuvil_edge.bundle import extract_bundle, read_manifest
+
+    manifest = read_manifest(bundle)
+    base = store / "bundles" / manifest.name
+    dest = base / manifest.version
+    if dest.exists():
+        shutil.rmtree(dest)
+    extract_bundle(bundle, dest, public_key)
+    link = base / "current.new"
+    if link.is_symlink():
+        link.unlink()
+    link.symlink_to(manifest.version)
+    os.replace(link, base / "current")
+    return dest
+
+
+def run_demo(out_dir: Path, serve: bool = True, requests: int = 200) -> dict[str, Any]:
+    """Run the demo; returns the figures it printed."""
+    from cuvil_edge.bundle import generate_keypair, verify_bundle
+    from cuvil_edge.cli import console
+    from cuvil_edge.packager.data import _photo
+    from cuvil_edge.packager.imaging import preprocess_image
+    from cuvil_edge.packager.load import load_model
+    from cuvil_edge.packager.package import package, resolve_model
+    from cuvil_edge.packager.validate import make_session
+    from cuvil_edge.recipes import load_recipe
+
+    started = time.perf_counter()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    key, pub = out_dir / "demo.key", out_dir / "demo.pub"
+    if not key.exists():
+        generate_keypair(key, pub)
+    recipe = load_recipe(_recipe_path())
+    bundle = out_dir / f"{recipe.name}-{recipe.target}.cvb"
+    console.rule(f"[bold]cuvil-edge demo[/]: {recipe.name} for {recipe.target}, {recipe.precision}")
+    with console.status("building EfficientNet-Lite0 from its ImageNet weights"):
+        fp32_path = resolve_model(recipe.model)
+    with console.status("packaging") as status:
+        def say(msg: str) -> None:
+            status.update(msg)
+            if msg.startswith(("warning", "kept", "INT8")):
+                console.print(f"  {msg}", highlight=False)
+
+        result = package(recipe, bundle, key, progress=say)
+    manifest = verify_bundle(bundle, pub)
+    minisign = shutil.which("minisign")
+    store = out_dir / "store"
+    installed = _install(bundle, store, pub)
+    minisign_ok = None
+    if minisign:
+        rc = subprocess.run([minisign, "-Vq", "-p", str(pub), "-m", str(installed / "manifest.json")],
+                            capture_output=True, text=True)
+        minisign_ok = rc.returncode == 0
+
+    labels = imagenet_labels()
+    image = _photo("coffee")
+    x = preprocess_image(image, recipe.preprocess)[None]
+    ref_sess = make_session(load_model(fp32_path))
+    sess = make_session(installed / manifest.model)
+    sess.run(None, {"input": x})
+    t = time.perf_counter()
+    runs = 20
+    for _ in range(runs):
+        logits = sess.run(None, {"input": x})[0][0]
+    latency_ms = (time.perf_counter() - t) / runs * 1e3
+    ref_logits = ref_sess.run(None, {"input": x})[0][0]
+
+    def top5(v: np.ndarray) -> list[tuple[str, float]]:
+        p = np.exp(v - v.max())
+        p /= p.sum()
+        return [(labels[i], float(p[i])) for i in np.argsort(-p)[:5]]
+
+    table = Table(title="scikit-image 'coffee' photo: top-5, FP32 original vs bundled model")
+    table.add_column("#")
+    table.add_column("FP32")
+    table.add_column(f"bundle ({recipe.precision})")
+    for i, (a, b) in enumerate(zip(top5(ref_logits), top5(logits), strict=True)):
+        table.add_row(str(i + 1), f"{a[0]} {a[1]:.3f}", f"{b[0]} {b[1]:.3f}")
+    console.print(table)
+
+    metrics = next(iter(result.report["validation"]["outputs"].values()))
+    kept = result.report["quantization"].get("kept_float_groups", [])
+    summary = Table(title="bundle")
+    summary.add_column("what")
+    summary.add_column("value", justify="right")
+    rows: list[tuple[str, str]] = [
+        ("bundle", f"{bundle} ({result.size_bytes / 1e6:.1f} MB)"),
+        ("precision / format", f"{recipe.precision} / {manifest.format_kind} (symmetric Q/DQ)"),
+        ("layer groups kept in FP32", ", ".join(kept) or "none"),
+        ("held-out crops", str(metrics["samples"])),
+        ("top-1 agreement (all / confident)",
+         f"{metrics['top1_agreement']:.3f} / {metrics['confident_top1_agreement']:.3f} "
+         f"(n={metrics['confident_samples']})"),
+        ("top-5 containment", f"{metrics['top5_containment']:.3f}"),
+        ("mean KL / cosine", f"{metrics['mean_kl']:.4f} / {metrics['cosine']:.4f}"),
+        ("signature", "verified" + (", minisign -V OK" if minisign_ok else "")),
+        ("engine build plans", ", ".join(p["tensorrt"] for p in manifest.build_plans) or "none"),
+        ("ORT CPU latency, batch 1", f"{latency_ms:.1f} ms"),
+        ("packaging time", f"{result.timings_s['total']:.0f} s"),
+    ]
+    for k, v in rows:
+        summary.add_row(k, v)
+    console.print(summary)
+    figures: dict[str, Any] = {"bundle": str(bundle), "metrics": metrics, "kept_float": kept,
+                               "latency_ms": latency_ms, "store": str(store)}
+    if serve:
+        figures["serving"] = _serve(store, recipe.target, requests)
+    console.print(f"[green]PASSED[/] demo in {time.perf_counter() - started:.0f} s; outputs in {out_dir}")
+    return figures
+
+
+def _serve(store: Path, board: str, requests: int) -> dict[str, Any] | None:
+    from cuvil_edge.cli import console
+
+    try:
+        from cuvil_edge.daemon.demo import serve_and_measure
+    except ImportError:
+        console.print("daemon not available in this build: skipping the serving step")
+        return None
+    with console.status(f"serving with cuvil-edged (simulated {board} telemetry), {requests} requests"):
+        figures = serve_and_measure(store, board=board, requests=requests)
+    table = Table(title=f"cuvil-edged on a simulated {board}: tritonclient, binary tensors")
+    table.add_column("figure")
+    table.add_column("value", justify="right")
+    for k, v in figures.items():
+        table.add_row(k, f"{v:.2f}" if isinstance(v, float) else str(v))
+    console.print(table)
+    return figures
+
+
+def demo(
+    out_dir: Path = typer.Option(Path("cuvil-demo"), "--out-dir", help="Where keys, bundle and store go."),
+    serve: bool = typer.Option(True, "--serve/--no-serve", help="Also serve the bundle with cuvil-edged."),
+    requests: int = typer.Option(200, "--requests", help="Requests to send when serving."),
+) -> None:
+    """Run the main job on the embedded default: EfficientNet-Lite0 for a simulated Orin Nano 8 GB."""
+    run_demo(out_dir, serve=serve, requests=requests)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("demo")(demo)

@@ -1,0 +1,194 @@
+"""``cuvil-edge package | quantize | validate | inspect``: the packager's commands."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import typer
+from rich.table import Table
+
+__all__ = ["register"]
+
+
+def _recipe(
+    model: str | None, recipe_path: Path | None, target: str | None, precision: str | None,
+    calib: str | None, eval_data: str | None, name: str | None, version: str | None,
+) -> Any:
+    from cuvil_edge.errors import RecipeError
+    from cuvil_edge.recipes import load_recipe, recipe_from_dict
+
+    if recipe_path is not None:
+        recipe = load_recipe(recipe_path)
+        if model:
+            recipe.model = model if model.startswith("builtin:") else str(Path(model).resolve())
+    else:
+        if not model:
+            raise RecipeError("give a MODEL.onnx or --recipe FILE")
+        if not target:
+            raise RecipeError("--target is required without --recipe (see: cuvil-edge targets)")
+        recipe = recipe_from_dict(
+            {"name": name or Path(model).stem, "model": {"source": str(Path(model).resolve())
+                                                        if not model.startswith("builtin:") else model},
+             "target": {"board": target, "precision": precision or "fp32"}},
+            "command line",
+        )
+    if target:
+        from cuvil_edge.targets import get_target
+
+        recipe.target = get_target(target).name
+    if precision:
+        from cuvil_edge.recipes import PRECISIONS
+
+        if precision not in PRECISIONS:
+            raise RecipeError(f"--precision must be one of {', '.join(PRECISIONS)}, got '{precision}'")
+        recipe.precision = precision
+    if calib:
+        recipe.calibration_data = calib if calib.startswith("builtin:") else str(Path(calib).resolve())
+    if eval_data:
+        recipe.evaluation_data = eval_data if eval_data.startswith("builtin:") else str(Path(eval_data).resolve())
+    if name:
+        recipe.name = name
+    if version:
+        recipe.version = version
+    return recipe
+
+
+def _metrics_table(title: str, metrics: dict[str, Any]) -> Table:
+    table = Table(title=title)
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    for key, value in metrics.items():
+        table.add_row(key, f"{value:.4f}" if isinstance(value, float) else str(value))
+    return table
+
+
+def package_cmd(
+    model: str = typer.Argument(None, help="ONNX model, or builtin:efficientnet-lite0 / builtin:digits-cnn."),
+    recipe: Path = typer.Option(None, "--recipe", help="Recipe TOML (model, target, precision, data, goal)."),
+    target: str = typer.Option(None, "--target", help="Board profile (cuvil-edge targets)."),
+    precision: str = typer.Option(None, "--precision", help="fp32, fp16, int8 or mixed."),
+    calib: str = typer.Option(None, "--calib", help="Calibration data: folder of images or .npy/.npz."),
+    eval_data: str = typer.Option(None, "--eval", help="Evaluation data calibration does not see."),
+    out: Path = typer.Option(..., "--out", help="Bundle file to write (.cvb)."),
+    key: Path = typer.Option(None, "--key", help="Secret key. Defaults to ~/.config/cuvil-edge/keys/cuvil.key."),
+    name: str = typer.Option(None, "--name", help="Bundle name. Defaults to the recipe's or the model's."),
+    version: str = typer.Option(None, "--version", help="Bundle version. Defaults to the recipe's or 1.0.0."),
+    as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
+) -> None:
+    """Quantize a model for a board, check its accuracy against FP32, and write a signed bundle."""
+    from cuvil_edge.cli import console
+    from cuvil_edge.packager.package import package
+
+    started = time.perf_counter()
+    rec = _recipe(model, recipe, target, precision, calib, eval_data, name, version)
+    with console.status("packaging") as status:
+        def say(msg: str) -> None:
+            status.update(msg)
+            if msg.startswith(("warning", "kept", "INT8", "no evaluation")):
+                console.print(f"  {msg}", highlight=False)
+
+        result = package(rec, out, key, progress=say)
+    if as_json:
+        print(json.dumps(result.report, indent=2, default=float))
+        return
+    primary = result.report["validation"]["outputs"]
+    first = next(iter(primary.values()))
+    console.print(_metrics_table(f"{rec.name}: {rec.precision} ({result.report['runtime_format']}) vs FP32", first))
+    kept = result.report["quantization"].get("kept_float_groups")
+    if kept is not None:
+        console.print(f"mixed precision kept in float: {', '.join(kept) or 'nothing'}")
+    console.print(
+        f"[green]PASSED[/] wrote {out} ({result.size_bytes / 1e6:.1f} MB) in {time.perf_counter() - started:.1f} s"
+    )
+
+
+def quantize_cmd(
+    model: str = typer.Argument(..., help="ONNX model (FP32)."),
+    out: Path = typer.Option(..., "--out", help="Quantized ONNX to write."),
+    target: str = typer.Option(..., "--target", help="Board profile; picks TensorRT Q/DQ or ORT CPU form."),
+    precision: str = typer.Option("int8", "--precision", help="fp16, int8 or mixed."),
+    calib: str = typer.Option(None, "--calib", help="Calibration data."),
+    eval_data: str = typer.Option(None, "--eval", help="Evaluation data (mixed search)."),
+    recipe: Path = typer.Option(None, "--recipe", help="Recipe for pre-processing and the accuracy goal."),
+) -> None:
+    """Quantize only: write the model in the target runtime's format, without validation or bundle."""
+    from cuvil_edge._atomic import atomic_write_bytes
+    from cuvil_edge.cli import console
+    from cuvil_edge.packager.data import load_dataset
+    from cuvil_edge.packager.load import load_model, model_inputs
+    from cuvil_edge.packager.package import _split_for_evaluation, quantize_model, resolve_model
+    from cuvil_edge.targets import get_target
+
+    rec = _recipe(model, recipe, target, precision, calib, eval_data, None, None)
+    m = load_model(resolve_model(rec.model))
+    inputs = model_inputs(m)
+    cal = load_dataset(rec.calibration_data, inputs, rec.preprocess, rec.calibration_samples) if rec.calibration_data else None
+    if rec.evaluation_data:
+        ev = load_dataset(rec.evaluation_data, inputs, rec.preprocess, rec.evaluation_samples, seed=100)
+    elif cal is not None:
+        cal, ev = _split_for_evaluation(cal)
+    else:
+        ev = None
+    with console.status("quantizing") as status:
+        q, info = quantize_model(m, get_target(rec.target), rec.precision, cal, ev,  # type: ignore[arg-type]
+                                 rec.postprocess.get("kind", "classification"), rec.accuracy,
+                                 rec.calibration_method, None, status.update)
+    atomic_write_bytes(out, q.SerializeToString())
+    console.print(f"[green]PASSED[/] wrote {out} ({info['runtime_format']} format)")
+
+
+def validate_cmd(
+    reference: str = typer.Argument(..., help="The original FP32 ONNX model."),
+    candidate: Path = typer.Argument(..., help="The quantized ONNX model."),
+    eval_data: str = typer.Option(..., "--eval", help="Evaluation data."),
+    recipe: Path = typer.Option(None, "--recipe", help="Recipe for pre-processing and the accuracy goal."),
+    samples: int = typer.Option(200, "--samples", help="Evaluation samples."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+) -> None:
+    """Compare a quantized model with its original; exit 1 when the recipe's accuracy goal is missed."""
+    from cuvil_edge.cli import console
+    from cuvil_edge.packager.data import load_dataset
+    from cuvil_edge.packager.load import load_model, model_inputs
+    from cuvil_edge.packager.package import resolve_model
+    from cuvil_edge.packager.validate import make_session, validate_models
+    from cuvil_edge.recipes import AccuracyGoal, load_recipe
+
+    rec = load_recipe(recipe) if recipe else None
+    ref = load_model(resolve_model(reference))
+    cand = load_model(candidate)
+    pre = rec.preprocess if rec else {"kind": "none"}
+    data = load_dataset(eval_data, model_inputs(ref), pre, samples, seed=100)
+    kind = rec.postprocess.get("kind", "classification") if rec else "classification"
+    report = validate_models(make_session(ref), make_session(cand), data, kind, rec.accuracy if rec else AccuracyGoal())
+    if as_json:
+        print(json.dumps(report.to_dict(), indent=2))
+    else:
+        console.print(_metrics_table(f"{candidate} vs {reference}", report.primary))
+    report.raise_if_failed(str(candidate))
+    console.print("[green]PASSED[/] accuracy goal met")
+
+
+def inspect_cli(
+    model: str = typer.Argument(..., help="ONNX model."),
+    target: str = typer.Option(..., "--target", help="Board profile."),
+    max_batch: int = typer.Option(8, "--max-batch", help="Largest batch, for optimization profiles."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+    only_issues: bool = typer.Option(False, "--only-issues", help="List only nodes that fall back."),
+) -> None:
+    """Which ops the target's TensorRT versions and DLA run, why others fall back, and the profiles needed."""
+    from cuvil_edge.packager.inspect import inspect_cmd
+    from cuvil_edge.packager.package import resolve_model
+
+    rc = inspect_cmd(resolve_model(model), target, max_batch=max_batch, as_json=as_json, only_issues=only_issues)
+    if rc:
+        raise typer.Exit(rc)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("package")(package_cmd)
+    app.command("inspect")(inspect_cli)
+    app.command("quantize")(quantize_cmd)
+    app.command("validate")(validate_cmd)

@@ -1,0 +1,293 @@
+"""The packaging pipeline: load → inspect → quantize → validate → build plans → signed bundle.
+
+Nothing is written unless every step succeeds: a model that misses its accuracy goal leaves no
+bundle behind, and an existing bundle at the output path survives.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+
+from cuvil_edge.errors import DataError, KernelError, ModelError, RecipeError
+from cuvil_edge.packager.data import Dataset, InputSpec, load_dataset
+from cuvil_edge.packager.load import load_model, model_inputs, model_outputs
+from cuvil_edge.packager.quantize import Quantizer, convert_fp16
+from cuvil_edge.packager.validate import ValidationReport, make_session, run_model, validate_models
+from cuvil_edge.recipes import AccuracyGoal, Recipe
+from cuvil_edge.targets import Target, get_target
+
+__all__ = ["PackageResult", "package", "quantize_model", "resolve_model", "sample_members"]
+
+SAMPLE_SIZE = 4
+Progress = Callable[[str], None]
+
+
+def resolve_model(source: str | Path) -> Path:
+    """A model path; ``builtin:efficientnet-lite0`` and ``builtin:digits-cnn`` are built and cached."""
+    text = str(source)
+    if text.startswith("builtin:"):
+        from cuvil_edge.models import build_digits_cnn, build_efficientnet_lite0
+
+        builders = {"builtin:efficientnet-lite0": build_efficientnet_lite0, "builtin:digits-cnn": build_digits_cnn}
+        if text not in builders:
+            raise ModelError(f"unknown built-in model '{text}' (known: {', '.join(sorted(builders))})")
+        return builders[text]()
+    return Path(text)
+
+
+@contextlib.contextmanager
+def _quiet() -> Iterator[None]:
+    """ONNX Runtime's calibrator prints to stdout; keep the CLI's output readable."""
+    with contextlib.redirect_stdout(io.StringIO()):
+        yield
+
+
+@dataclass
+class PackageResult:
+    """What ``package`` produced and measured."""
+
+    out: Path
+    manifest: dict[str, Any]
+    report: dict[str, Any]
+    timings_s: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def size_bytes(self) -> int:
+        return self.out.stat().st_size
+
+
+def _split_for_evaluation(calib: Dataset) -> tuple[Dataset, Dataset]:
+    """No evaluation data given: hold out the last quarter of the calibration data, unseen by calibration."""
+    n = len(calib)
+    if n < 4:
+        raise DataError(f"{calib.source}: {n} sample(s) cannot be split into calibration and evaluation; "
+                        "give --eval data or at least 4 samples")
+    cut = n - max(1, n // 4)
+    return calib.slice(0, cut), calib.slice(cut, n)
+
+
+def _random_data(inputs: list[InputSpec], count: int) -> Dataset:
+    rng = np.random.default_rng(0)
+    arrays = {}
+    for spec in inputs:
+        shape = [count] + [d if isinstance(d, int) and d > 0 else 1 for d in spec.shape[1:]]
+        arrays[spec.name] = rng.standard_normal(shape).astype(spec.dtype)
+    return Dataset(arrays, None, "random normal inputs (no data given)")
+
+
+def quantize_model(
+    model: onnx.ModelProto,
+    target: Target,
+    precision: str,
+    calibration: Dataset | None,
+    evaluation: Dataset,
+    kind: str,
+    goal: AccuracyGoal,
+    method: str = "percentile",
+    sensitivity: Dataset | None = None,
+    progress: Progress | None = None,
+) -> tuple[onnx.ModelProto, dict[str, Any]]:
+    """The model in ``precision`` for ``target``'s runtime, with what the search found."""
+    say = progress or (lambda msg: None)
+    info: dict[str, Any] = {"runtime_format": target.runtime_format}
+    if precision == "fp32":
+        return model, info
+    if precision == "fp16":
+        return convert_fp16(model), info
+    if calibration is None:
+        raise DataError(f"precision '{precision}' needs calibration data: pass --calib DIR or set [calibration] data")
+    say(f"calibrating on {len(calibration)} samples ({method})")
+    with _quiet(), Quantizer(model, target.runtime_format, calibration, method, progress=say) as q:
+        if precision == "int8":
+            return q.quantize(), info
+        search = sensitivity or evaluation
+        result = q.mixed(search, kind, goal)
+    info.update(
+        {
+            "kept_float_groups": result.kept_float,
+            "sensitivity": result.sensitivity,
+            "search_data": search.source,
+            "search_steps": result.steps,
+        }
+    )
+    return result.model, info
+
+
+def sample_members(model_bytes: bytes, evaluation: Dataset) -> tuple[bytes, bytes, dict[str, float]]:
+    """A small validation sample and the bundled model's outputs on it, for deploy's smoke test."""
+    sample = evaluation.slice(0, SAMPLE_SIZE)
+    outputs = run_model(make_session(model_bytes), sample)
+    buf_in, buf_out = io.BytesIO(), io.BytesIO()
+    np.savez(buf_in, **sample.inputs)
+    np.savez(buf_out, **outputs)
+    scale = max(float(np.abs(v).max()) for v in outputs.values()) if outputs else 1.0
+    # Other runtimes (TensorRT kernels, another CPU) differ by rounding; a broken install differs by far more.
+    tolerance = {"rtol": 0.01, "atol": max(1e-3, 0.02 * scale)}
+    return buf_in.getvalue(), buf_out.getvalue(), tolerance
+
+
+def _plugins(target: Target, say: Progress) -> dict[str, Path]:
+    if target.arch != "aarch64":
+        return {}
+    try:
+        from cuvil_edge.sve import library_for
+
+        lib = library_for(target.plugin_platform)
+    except (ImportError, KernelError) as exc:
+        say(f"warning: no {target.plugin_platform} kernel library to bundle ({str(exc).splitlines()[0]}); "
+            "the device will use its own or numpy")
+        return {}
+    return {f"plugins/{target.plugin_platform}/{lib.name}": lib}
+
+
+def _spec_list(specs: list[InputSpec]) -> list[dict[str, Any]]:
+    return [{"name": s.name, "dtype": s.dtype, "shape": [d if isinstance(d, int) and d > 0 else -1 for d in s.shape]}
+            for s in specs]
+
+
+def package(
+    recipe: Recipe,
+    out: Path,
+    key: Path | None = None,
+    progress: Progress | None = None,
+) -> PackageResult:
+    """Run the whole pipeline for ``recipe`` and write a signed bundle to ``out``.
+
+    Raises:
+        ModelError, DataError, QuantizationError, AccuracyError, BundleError: with one-line messages.
+    """
+    say = progress or (lambda msg: None)
+    timings: dict[str, float] = {}
+    t0 = time.perf_counter()
+    target = get_target(recipe.target)
+    model_path = resolve_model(recipe.model)
+    say(f"loading {model_path}")
+    model = load_model(model_path)
+    inputs, outputs = model_inputs(model), model_outputs(model)
+    if recipe.input_name and recipe.input_name not in [i.name for i in inputs]:
+        raise RecipeError(f"recipe input name '{recipe.input_name}' is not an input of {model_path} "
+                          f"(inputs: {', '.join(i.name for i in inputs)})")
+    timings["load"] = time.perf_counter() - t0
+
+    t = time.perf_counter()
+    inspect_info: dict[str, Any] = {}
+    if target.has_gpu:
+        from cuvil_edge.packager.inspect import inspect_model
+
+        report = inspect_model(model, target, max_batch=recipe.max_batch)
+        inspect_info = report.to_dict()
+        if report.unsupported:
+            say(f"warning: {len(report.unsupported)} node(s) unsupported by TensorRT on {target.name}: "
+                + ", ".join(n.name for n in report.unsupported[:5]))
+    timings["inspect"] = time.perf_counter() - t
+
+    t = time.perf_counter()
+    kind = recipe.postprocess.get("kind", "none")
+    needs_calib = recipe.precision in ("int8", "mixed")
+    calib = None
+    if needs_calib or recipe.calibration_data:
+        if recipe.calibration_data:
+            say(f"loading calibration data {recipe.calibration_data}")
+            calib = load_dataset(recipe.calibration_data, inputs, recipe.preprocess, recipe.calibration_samples, seed=0)
+    if recipe.evaluation_data:
+        say(f"loading evaluation data {recipe.evaluation_data}")
+        evaluation = load_dataset(recipe.evaluation_data, inputs, recipe.preprocess, recipe.evaluation_samples, seed=100)
+    elif calib is not None:
+        calib, evaluation = _split_for_evaluation(calib)
+        say(f"no evaluation data: holding out {len(evaluation)} of the calibration samples")
+    else:
+        evaluation = _random_data(inputs, 16)
+    sensitivity = None
+    if recipe.precision == "mixed" and recipe.calibration_data.startswith("builtin:photos"):
+        # Search on crops calibration did not use, from the calibration photos; the final check
+        # then runs on the evaluation photos, which the search never saw.
+        sensitivity = load_dataset(recipe.calibration_data, inputs, recipe.preprocess, recipe.sensitivity_samples,
+                                   seed=7)
+    timings["data"] = time.perf_counter() - t
+
+    t = time.perf_counter()
+    quantized, qinfo = quantize_model(model, target, recipe.precision, calib, evaluation, kind, recipe.accuracy,
+                                      recipe.calibration_method, sensitivity, say)
+    timings["quantize"] = time.perf_counter() - t
+
+    t = time.perf_counter()
+    say(f"validating on {len(evaluation)} samples calibration did not see")
+    qbytes = quantized.SerializeToString()
+    goal = recipe.accuracy if recipe.precision != "fp32" else AccuracyGoal(None, None, None)
+    validation: ValidationReport = validate_models(make_session(model), make_session(qbytes), evaluation, kind, goal)
+    timings["validate"] = time.perf_counter() - t
+    validation.raise_if_failed(f"{recipe.name} ({recipe.precision}, {target.runtime_format} format)")
+
+    t = time.perf_counter()
+    sample_in, sample_out, tolerance = sample_members(qbytes, evaluation)
+    with tempfile.TemporaryDirectory(prefix="cuvil-pack-") as tmp:
+        model_file = Path(tmp) / "model.onnx"
+        model_file.write_bytes(qbytes)
+        manifest: dict[str, Any] = {
+            "name": recipe.name,
+            "version": recipe.version,
+            "target": target.to_dict(),
+            "precision": recipe.precision,
+            "format_kind": target.runtime_format,
+            "model": "model.onnx",
+            "inputs": _spec_list(inputs),
+            "outputs": _spec_list(outputs),
+            "max_batch": recipe.max_batch,
+            "preprocess": recipe.preprocess,
+            "postprocess": recipe.postprocess,
+            "latency_target_ms": {"p95": recipe.latency_p95_ms} if recipe.latency_p95_ms else {},
+            "validation": {"report": "validation.json", "sample_inputs": "sample/inputs.npz",
+                           "sample_expected": "sample/expected.npz", **tolerance},
+            "engines": [],
+            "build_plans": [],
+            "plugins": {},
+        }
+        members: dict[str, Path | bytes] = {"model.onnx": model_file, "sample/inputs.npz": sample_in,
+                                            "sample/expected.npz": sample_out}
+        if recipe.source is not None:
+            members["recipe.toml"] = recipe.source.read_bytes()
+        else:
+            members["recipe.json"] = json.dumps(recipe.to_dict(), indent=2).encode()
+        if target.has_gpu:
+            from cuvil_edge.packager.engine import make_build_plan, plan_member_name
+
+            for release in target.releases:
+                plan = make_build_plan(model_file, manifest, target, release)
+                name = plan_member_name(plan)
+                members[name] = (json.dumps(plan, indent=2, sort_keys=True) + "\n").encode()
+                manifest["build_plans"].append({"tensorrt": release.tensorrt, "path": name})
+        for name, path in _plugins(target, say).items():
+            members[name] = path
+            manifest["plugins"].setdefault(target.plugin_platform, []).append(name)
+        report = {
+            "model": str(model_path),
+            "target": target.name,
+            "precision": recipe.precision,
+            "runtime_format": target.runtime_format,
+            "validation": validation.to_dict(),
+            "quantization": qinfo,
+            "inspect": {k: inspect_info[k] for k in ("unsupported", "dla_fallbacks", "dynamic_inputs", "profiles",
+                                                      "warnings") if k in inspect_info},
+            "timings_s": timings,
+        }
+        members["validation.json"] = (json.dumps(report, indent=2, default=float) + "\n").encode()
+        if "inspect.json" not in members and inspect_info:
+            members["inspect.json"] = (json.dumps(inspect_info, indent=2) + "\n").encode()
+        from cuvil_edge.bundle import write_bundle
+
+        say(f"writing {out}")
+        written = write_bundle(out, manifest, members, key)
+    timings["bundle"] = time.perf_counter() - t
+    timings["total"] = time.perf_counter() - t0
+    return PackageResult(Path(out), written.to_dict(), report, timings)
