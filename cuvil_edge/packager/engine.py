@@ -202,6 +202,8 @@ def make_build_plan(
 
     Raises:
         ModelError: no GPU on the target, unreadable model, a DLA request that cannot be met.
+            (Dynamic non-batch dimensions without sizes do not raise: the plan lists them in
+            ``unresolved_inputs`` and ``warnings``, and :func:`build_engine` refuses it.)
         RecipeError: bad precision or max_batch.
     """
     from cuvil_edge.packager.inspect import _dynamic_inputs, dla_available, optimization_profiles
@@ -277,9 +279,11 @@ def make_build_plan(
     # ---- shapes
     dynamic = _dynamic_inputs(facts["model"])
     profiles, pwarn = optimization_profiles(dynamic, max_batch, _manifest_shapes(manifest), dla=dla is not None)
-    if pwarn:
-        raise ModelError("; ".join(pwarn))
     profile = profiles["dla" if dla is not None else "gpu"]
+    # Inputs whose dynamic non-batch sizes nobody gave: the plan is written (packaging goes on),
+    # but build_engine refuses it until the recipe gives the input shape.
+    unresolved = [d.name for d in dynamic if d.name not in profile]
+    warnings.extend(pwarn)
 
     key = engine_cache_key(release.l4t, trt, target.gpu_sm, dla_core)
     from cuvil_edge import __version__
@@ -294,7 +298,8 @@ def make_build_plan(
         "tensorrt": trt,
         "tensorrt_major": major,
         "sm": target.gpu_sm,
-        "model": {"path": model_path.name, "sha256": _sha256(model_path), "size": model_path.stat().st_size},
+        "model": {"path": str(manifest.get("model") or "model.onnx"), "sha256": _sha256(model_path),
+                  "size": model_path.stat().st_size},
         "precision": precision,
         "precision_mode": mode,
         "network_flags": network_flags,
@@ -305,6 +310,7 @@ def make_build_plan(
         },
         "max_batch": max_batch,
         "profiles": [profile] if profile else [],
+        "unresolved_inputs": unresolved,
         "dla": dla,
         "timing_cache": f"timing_l4t-{release.l4t}_trt-{trt}_sm{target.gpu_sm}.cache",
         "engine_key": key.to_dict(),
@@ -315,6 +321,7 @@ def make_build_plan(
         "cuvil-edge", "engine", "build", "--plan", plan_member_name(plan), "--onnx", "model.onnx",
         "--out", f"engines/{key.filename}",
     ]
+    plan["build_command"][6] = plan["model"]["path"]
     return plan
 
 
@@ -517,6 +524,10 @@ def build_engine(plan_path: Path, onnx_path: Path, out_path: Path, timing_cache:
             (naming ``pip install cuvil-edge[jetson]``), parse or build failure.
     """
     plan = load_plan(Path(plan_path))
+    if plan.get("unresolved_inputs"):
+        raise ModelError(f"{plan_path}: input(s) {plan['unresolved_inputs']} have dynamic dimensions without "
+                         "sizes, so the engine has no optimization profile; give the input shape in the recipe "
+                         "and package again")
     onnx_path = Path(onnx_path)
     if not onnx_path.is_file():
         raise ModelError(f"{onnx_path}: no such model file")

@@ -48,6 +48,7 @@ __all__ = [
     "TrtBackend",
     "choose_placement",
     "import_tensorrt",
+    "installed_tensorrt_version",
     "local_l4t",
     "pad_batch",
     "run_slot",
@@ -126,6 +127,22 @@ def select_engine(
         if best is None or score > best[0]:
             best = (score, entry)
     return best[1] if best else None
+
+
+def installed_tensorrt_version() -> str:
+    """TensorRT's version here, from package metadata when present (cheap), else from the module.
+
+    JetPack's apt package (``python3-libnvinfer``) may install the module without pip metadata.
+
+    Raises:
+        TensorRTMissing: TensorRT is not installed.
+    """
+    for dist in ("tensorrt", "tensorrt-cu12", "tensorrt-cu13"):
+        try:
+            return importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return str(import_tensorrt().__version__)
 
 
 def choose_placement(integrated: bool, has_gpu: bool = True) -> str:
@@ -490,10 +507,7 @@ class TrtBackend(Backend):
         cls, bundle_dir: Path, manifest: Mapping[str, Any], options: BackendOptions | None = None
     ) -> TrtBackend:
         options = options or BackendOptions()
-        try:
-            version = importlib.metadata.version("tensorrt")
-        except importlib.metadata.PackageNotFoundError:
-            raise TensorRTMissing(f"TensorRT is not installed here; on the device run: {_INSTALL_HINT}") from None
+        version = installed_tensorrt_version()
         entry = select_engine(manifest.get("engines") or [], version, local_l4t(), None, options.dla_core)
         if entry is None:
             keys = [e.get("key") for e in manifest.get("engines") or []]

@@ -4,7 +4,7 @@ Two plugins, each described once here (:data:`PLUGINS`) and implemented twice:
 
 * as TensorRT Python plugins (``tensorrt.plugin``, TensorRT >= 10.6: ``@trtp.register`` for the
   output descriptors, ``@trtp.impl`` for the computation) in :mod:`cuvil_edge.trt_plugins._python`,
-  loaded by :func:`register_python_plugins` on a device with TensorRT and CuPy;
+  registered by :func:`register_python_plugins` on a device with TensorRT and CuPy;
 * as C++ ``IPluginV3`` sources (``cpp/``) with a CMake project that builds a plugin library
   against a device sysroot holding TensorRT and CUDA headers (``cpp/README.md``).
 
@@ -160,4 +160,4 @@ def register_python_plugins() -> list[str]:
         ) from exc
     from cuvil_edge.trt_plugins import _python
 
-    return list(_python.REGISTERED)
+    return list(_python.register())

@@ -1,8 +1,10 @@
 """TensorRT Python plugins (``tensorrt.plugin``, TensorRT >= 10.6) for the specs in this package.
 
-Importing this module registers them with TensorRT's plugin registry, so it is imported only by
-:func:`cuvil_edge.trt_plugins.register_python_plugins`, on a device with TensorRT. The
-descriptor functions (``@trtp.register``) state output shapes and types symbolically; the
+:func:`register` defines and registers them with TensorRT's plugin registry (once per process);
+call it through :func:`cuvil_edge.trt_plugins.register_python_plugins`. The module itself imports
+nothing from TensorRT, so it imports anywhere.
+
+The descriptor functions (``@trtp.register``) state output shapes and types symbolically; the
 implementations (``@trtp.impl``) run the arithmetic of :mod:`cuvil_edge.trt_plugins.kernels`
 with CuPy on the stream TensorRT passes in, on TensorRT's own buffers (``trtp.Tensor`` exposes
 ``__cuda_array_interface__``), so nothing is copied.
@@ -13,20 +15,16 @@ tested there through :func:`cuvil_edge.trt_plugins.output_shapes` and ``kernels`
 
 # No ``from __future__ import annotations``: tensorrt.plugin reads the annotations as types.
 
+import threading
 from typing import Any, Tuple  # noqa: UP035 - the tensorrt.plugin docs spell it Tuple
-
-import numpy as np
-import numpy.typing as npt
-import tensorrt as trt
-import tensorrt.plugin as trtp
 
 from cuvil_edge.errors import ModelError
 from cuvil_edge.trt_plugins import get_plugin, kernels
 
-__all__ = ["REGISTERED"]
+__all__ = ["register"]
 
-_NORMALIZE = get_plugin("normalize_u8").plugin_id
-_TOPK = get_plugin("topk").plugin_id
+_LOCK = threading.Lock()
+_REGISTERED: Tuple[str, ...] = ()  # noqa: UP006
 
 
 def _cupy() -> Any:
@@ -38,42 +36,53 @@ def _cupy() -> Any:
     return cupy
 
 
-@trtp.register(_NORMALIZE)
-def normalize_u8_desc(
-    image: trtp.TensorDesc, mean: npt.NDArray[np.float32], std: npt.NDArray[np.float32]
-) -> trtp.TensorDesc:
-    """uint8 ``[N, H, W, C]`` -> float32 ``[N, C, H, W]``."""
-    s = image.shape_expr
-    return trtp.from_shape_expr(trtp.ShapeExprs.from_tuple((s[0], s[3], s[1], s[2])), dtype=trt.float32)
+def register() -> Tuple[str, ...]:  # noqa: UP006
+    """Register ``cuvil::normalize_u8`` and ``cuvil::topk`` with TensorRT; returns their ids."""
+    global _REGISTERED
+    with _LOCK:
+        if _REGISTERED:
+            return _REGISTERED
+        import numpy as np
+        import numpy.typing as npt
+        import tensorrt as trt
+        import tensorrt.plugin as trtp
 
+        normalize_id = get_plugin("normalize_u8").plugin_id
+        topk_id = get_plugin("topk").plugin_id
 
-@trtp.impl(_NORMALIZE)
-def normalize_u8_impl(
-    image: trtp.Tensor,
-    mean: npt.NDArray[np.float32],
-    std: npt.NDArray[np.float32],
-    outputs: Tuple[trtp.Tensor],  # noqa: UP006
-    stream: int,
-) -> None:
-    cp = _cupy()
-    with cp.cuda.ExternalStream(stream):
-        kernels.normalize_u8(cp, cp.asarray(image), cp.asarray(mean), cp.asarray(std), cp.asarray(outputs[0]))
+        @trtp.register(normalize_id)
+        def normalize_u8_desc(
+            image: trtp.TensorDesc, mean: npt.NDArray[np.float32], std: npt.NDArray[np.float32]
+        ) -> trtp.TensorDesc:
+            """uint8 ``[N, H, W, C]`` -> float32 ``[N, C, H, W]``."""
+            s = image.shape_expr
+            return trtp.from_shape_expr(trtp.ShapeExprs.from_tuple((s[0], s[3], s[1], s[2])), dtype=trt.float32)
 
+        @trtp.impl(normalize_id)
+        def normalize_u8_impl(
+            image: trtp.Tensor,
+            mean: npt.NDArray[np.float32],
+            std: npt.NDArray[np.float32],
+            outputs: Tuple[trtp.Tensor],  # noqa: UP006
+            stream: int,
+        ) -> None:
+            cp = _cupy()
+            with cp.cuda.ExternalStream(stream):
+                kernels.normalize_u8(cp, cp.asarray(image), cp.asarray(mean), cp.asarray(std), cp.asarray(outputs[0]))
 
-@trtp.register(_TOPK)
-def topk_desc(logits: trtp.TensorDesc, k: int) -> Tuple[trtp.TensorDesc, trtp.TensorDesc]:  # noqa: UP006
-    """float ``[N, classes]`` -> float32 values ``[N, k]`` and int32 indices ``[N, k]``."""
-    shape = trtp.ShapeExprs.from_tuple((logits.shape_expr[0], k))
-    return trtp.from_shape_expr(shape, dtype=trt.float32), trtp.from_shape_expr(shape, dtype=trt.int32)
+        @trtp.register(topk_id)
+        def topk_desc(logits: trtp.TensorDesc, k: int) -> Tuple[trtp.TensorDesc, trtp.TensorDesc]:  # noqa: UP006
+            """float ``[N, classes]`` -> float32 values ``[N, k]`` and int32 indices ``[N, k]``."""
+            shape = trtp.ShapeExprs.from_tuple((logits.shape_expr[0], k))
+            return trtp.from_shape_expr(shape, dtype=trt.float32), trtp.from_shape_expr(shape, dtype=trt.int32)
 
+        @trtp.impl(topk_id)
+        def topk_impl(
+            logits: trtp.Tensor, k: int, outputs: Tuple[trtp.Tensor, trtp.Tensor], stream: int  # noqa: UP006
+        ) -> None:
+            cp = _cupy()
+            with cp.cuda.ExternalStream(stream):
+                kernels.topk(cp, cp.asarray(logits), k, cp.asarray(outputs[0]), cp.asarray(outputs[1]))
 
-@trtp.impl(_TOPK)
-def topk_impl(
-    logits: trtp.Tensor, k: int, outputs: Tuple[trtp.Tensor, trtp.Tensor], stream: int  # noqa: UP006
-) -> None:
-    cp = _cupy()
-    with cp.cuda.ExternalStream(stream):
-        kernels.topk(cp, cp.asarray(logits), k, cp.asarray(outputs[0]), cp.asarray(outputs[1]))
-
-
-REGISTERED = (_NORMALIZE, _TOPK)
+        _REGISTERED = (normalize_id, topk_id)
+        return _REGISTERED

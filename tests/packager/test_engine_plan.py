@@ -94,6 +94,7 @@ class TestPlans:
         assert plan["timing_cache"] == "timing_l4t-36.4.3_trt-10.3.0_sm8.7.cache"
         assert plan["model"]["sha256"] == __import__("hashlib").sha256(models["effnet"].read_bytes()).hexdigest()
         assert plan["build_command"][:4] == ["cuvil-edge", "engine", "build", "--plan"]
+        assert plan["model"]["path"] == "model.onnx" and plan["unresolved_inputs"] == []
         assert plan_member_name(plan) == "engine/plan-trt10.3.0.json"
         assert plan["warnings"] == []
         json.dumps(plan)  # JSON-able
@@ -181,8 +182,13 @@ class TestPlans:
         onnx.save(helper.make_model(helper.make_graph([helper.make_node("Relu", ["img"], ["out"])], "d", [x], [y]),
                                     opset_imports=[helper.make_opsetid("", 17)]), str(path))
         nano, rel = get_target("orin-nano-8gb"), _release("orin-nano-8gb", "6.2")
-        with pytest.raises(ModelError, match="'H'"):
-            make_build_plan(path, {"max_batch": 2}, nano, rel)
+        open_plan = make_build_plan(path, {"max_batch": 2}, nano, rel)
+        assert open_plan["unresolved_inputs"] == ["img"] and open_plan["profiles"] == []
+        assert any("'H'" in w for w in open_plan["warnings"])
+        plan_file = tmp_path / "open.json"
+        plan_file.write_text(json.dumps(open_plan))
+        with pytest.raises(ModelError, match=r"\['img'\] have dynamic dimensions"):
+            build_engine(plan_file, path, tmp_path / "e.engine")
         plan = make_build_plan(path, {"max_batch": 2, "inputs": [{"name": "img", "dtype": "float32",
                                                                   "shape": [-1, 3, 480, 640]}]}, nano, rel)
         assert plan["profiles"] == [{"img": {"min": [1, 3, 480, 640], "opt": [2, 3, 480, 640],
