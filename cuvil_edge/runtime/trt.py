@@ -464,6 +464,9 @@ class TrtBackend(Backend):
             execution contexts (concurrent batches). Defaults to ``BackendOptions()``.
         name (str | None): label for logs. Defaults to the file name.
         ops (DeviceOps | None): device memory operations. Defaults to :class:`PyCudaOps`.
+        specs (tuple[list[TensorSpec], list[TensorSpec]] | None): inputs and outputs as the
+            manifest declares them, answered before activation (model metadata, footprint
+            estimate). Defaults to None (known after activation only).
     """
 
     kind = "tensorrt"
@@ -474,8 +477,10 @@ class TrtBackend(Backend):
         options: BackendOptions | None = None,
         name: str | None = None,
         ops: DeviceOps | None = None,
+        specs: tuple[list[TensorSpec], list[TensorSpec]] | None = None,
     ) -> None:
         super().__init__(name or Path(engine_path).name)
+        self._declared = specs or ([], [])
         self.engine_path = Path(engine_path)
         self.options = options or BackendOptions()
         self.streams = max(1, int(self.options.extra.get("streams", 2)))
@@ -514,7 +519,10 @@ class TrtBackend(Backend):
             raise DaemonError(f"bundle {manifest.get('name')}: no engine for TensorRT {version} "
                               f"(DLA core {options.dla_core}); it carries {keys}. Build one on the device: "
                               "cuvil-edge engine build --plan engine/plan-trt<ver>.json ...")
-        return cls(Path(bundle_dir) / str(entry["path"]), options, name=str(manifest.get("name") or "model"))
+        specs = ([TensorSpec.from_manifest(e) for e in manifest.get("inputs") or []],
+                 [TensorSpec.from_manifest(e) for e in manifest.get("outputs") or []])
+        return cls(Path(bundle_dir) / str(entry["path"]), options, name=str(manifest.get("name") or "model"),
+                   specs=specs)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -641,14 +649,30 @@ class TrtBackend(Backend):
             ctx.device_memory = ptr  # TensorRT 8.5 - 10.0
 
     def input_specs_impl(self) -> list[TensorSpec]:
+        if not self._bindings:
+            return list(self._declared[0])
         return [TensorSpec(b.name, b.dtype, (-1, *b.max_shape[1:])) for b in self._bindings if b.is_input]
 
     def output_specs_impl(self) -> list[TensorSpec]:
+        if not self._bindings:
+            return list(self._declared[1])
         return [TensorSpec(b.name, b.dtype, (-1, *b.max_shape[1:])) for b in self._bindings if not b.is_input]
 
     def footprint_impl(self) -> Footprint:
+        """Engine size as weights; scratch and I/O once active, else I/O from the declared specs.
+
+        Before activation the scratch size is unknown (it needs the deserialized engine); I/O is
+        estimated at ``max_batch`` per stream, once (mapped, the Jetson case).
+        """
         weights = self.engine_path.stat().st_size if self.engine_path.exists() else 0
-        io = sum(slot.nbytes for _c, slot in self._all_slots)
+        if self._all_slots:
+            io = sum(slot.nbytes for _c, slot in self._all_slots)
+        else:
+            batch = int(self.options.max_batch or 1)
+            io = self.streams * sum(
+                batch * int(np.prod([d if d > 0 else 1 for d in spec.shape[1:]], dtype=np.int64)) * spec.dtype.itemsize
+                for spec in (*self._declared[0], *self._declared[1])
+            )
         return Footprint(weights=weights, workspace=self._scratch, io=io, measured=False)
 
 

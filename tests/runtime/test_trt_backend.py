@@ -302,6 +302,22 @@ class TestHelpers:
         assert local_l4t(tmp_path / "nothing") is None
 
 
+class TestBeforeActivation:
+    def test_declared_specs_and_footprint_estimate(self, tmp_path):
+        from cuvil_edge.runtime.base import BackendOptions, TensorSpec
+
+        engine = tmp_path / "m.engine"
+        engine.write_bytes(b"x" * 1000)
+        specs = ([TensorSpec.from_manifest({"name": "input", "dtype": "float32", "shape": [-1, 3, 224, 224]})],
+                 [TensorSpec.from_manifest({"name": "logits", "dtype": "float32", "shape": [-1, 1000]})])
+        backend = TrtBackend(engine, BackendOptions(max_batch=8, extra={"streams": 2}), specs=specs)
+        assert [s.name for s in backend.inputs] == ["input"] and backend.outputs[0].shape == (-1, 1000)
+        fp = backend.footprint()
+        assert fp.weights == 1000 and fp.workspace == 0
+        assert fp.io == 2 * 8 * (3 * 224 * 224 + 1000) * 4
+        assert backend.max_concurrency == 2
+
+
 class TestWithoutTensorRT:
     @pytest.mark.skipif(HAVE_TRT, reason="checks the behaviour where TensorRT is missing")
     def test_unavailable_says_why(self, tmp_path):
