@@ -63,7 +63,7 @@ def build_cmd(
     out: Path = typer.Option(..., "--out", help="Engine file to write."),
     timing_cache: Path = typer.Option(None, "--timing-cache", help="Timing cache to read and update."),
 ) -> None:
-    """Build a TensorRT engine from a plan ON THIS MACHINE (the device); needs cuvil-edge[jetson]."""
+    """Build a TensorRT engine from a plan ON THIS MACHINE (the device); needs TensorRT (the jetson extra)."""
     from cuvil_edge.packager.engine import build_engine
 
     start = time.monotonic()
