@@ -89,6 +89,7 @@ class PipelineResult:
     p95_ms: float = math.nan
     p99_ms: float = math.nan
     peak_daemon_mb: float = 0.0
+    peak_inflight_mb: float = 0.0
     peak_board_used_mb: float = 0.0
     mean_depth: float = 0.0
     depth_changes: int = 0
@@ -358,6 +359,7 @@ class PipelineSim:
                 depth_sum += self.depth
                 depth_n += 1
                 res.peak_daemon_mb = max(res.peak_daemon_mb, daemon_bytes / MiB)
+                res.peak_inflight_mb = max(res.peak_inflight_mb, inflight_frames * w.bytes_per_frame / MiB)
                 res.peak_board_used_mb = max(res.peak_board_used_mb, board.ram_used_mb)
                 res.trace.append({
                     "t": round(now, 3), "depth": self.depth, "gpu_util": sample.gpu_util_pct,
