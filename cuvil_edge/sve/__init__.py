@@ -32,6 +32,7 @@ from cuvil_edge.sve._ops import (
     quantize,
     resize_normalize,
     select_isa,
+    set_num_threads,
     softmax,
     softmax_topk,
 )
@@ -54,6 +55,7 @@ __all__ = [
     "quantize",
     "resize_normalize",
     "select_isa",
+    "set_num_threads",
     "softmax",
     "softmax_topk",
 ]

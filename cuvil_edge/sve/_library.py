@@ -101,6 +101,8 @@ _SIGNATURES = {
     "cuvil_isa_available": ([], ctypes.c_uint),
     "cuvil_sve_vector_bytes": ([], _c_size),
     "cuvil_select_isa": ([_c_int], _c_int),
+    "cuvil_set_threads": ([_c_int], _c_int),
+    "cuvil_get_threads": ([], _c_int),
     "cuvil_normalize": ([_c_ptr, _c_size, _c_size, _c_size, _c_int, _c_ptr, _c_ptr, _c_ptr, _c_int], _c_int),
     "cuvil_resize_normalize": (
         [_c_ptr, _c_size, _c_size, _c_size, _c_int, _c_ptr, _c_ptr, _c_ptr, _c_int, _c_size, _c_size,

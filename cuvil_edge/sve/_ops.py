@@ -25,6 +25,7 @@ __all__ = [
     "quantize",
     "resize_normalize",
     "select_isa",
+    "set_num_threads",
     "softmax",
     "softmax_topk",
 ]
@@ -443,6 +444,21 @@ def select_isa(isa: str | None) -> None:
         raise KernelError(f"this CPU lacks {isa}: available ISAs are {', '.join(avail)}")
 
 
+def set_num_threads(n: int) -> None:
+    """Sets how many threads one kernel call may use (default 1, or ``$CUVIL_NUM_THREADS``).
+
+    Large calls split rows or elements into ranges run in parallel; results never depend on the
+    count. Keep 1 where requests already run concurrently (the daemon); raise it for one big
+    frame at a time.
+
+    Raises:
+        KernelError: n outside 1..64.
+    """
+    lib, _ = get_library()
+    if not isinstance(n, (int, np.integer)) or lib.cuvil_set_threads(int(n)) != 0:
+        raise KernelError(f"threads must be an integer in 1..64, got {n!r}")
+
+
 def cpu_info(library: str | os.PathLike[str] | None = None) -> dict[str, object]:
     """Describes the kernel library in use and the ISA it chose per op.
 
@@ -468,6 +484,7 @@ def cpu_info(library: str | os.PathLike[str] | None = None) -> dict[str, object]
         "sve_vector_bytes": vb,
         "sve_vector_bits": 8 * vb,
         "forced": os.environ.get("CUVIL_FORCE_ISA") or None,
+        "threads": int(lib.cuvil_get_threads()),
         "message": lib.cuvil_init_message().decode(),
     }
 

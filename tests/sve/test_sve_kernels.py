@@ -183,6 +183,25 @@ class TestResults:
         assert during > 100, f"only {during} Python steps ran beside the kernel: GIL held?"
 
 
+    def test_threads_do_not_change_results(self):
+        rng = np.random.default_rng(7)
+        img = rng.integers(0, 256, (720, 1280, 3), np.uint8)
+        x = rng.uniform(-5, 5, 1 << 20).astype(np.float32)
+        single = (sve.normalize(img, 1, 2), sve.resize_normalize(img, (320, 320), 0, 255, letterbox=True),
+                  sve.quantize(x, 0.03))
+        sve.set_num_threads(3)
+        try:
+            assert sve.cpu_info()["threads"] == 3
+            multi = (sve.normalize(img, 1, 2), sve.resize_normalize(img, (320, 320), 0, 255, letterbox=True),
+                     sve.quantize(x, 0.03))
+        finally:
+            sve.set_num_threads(1)
+        for a, b in zip(single, multi):
+            assert np.array_equal(a, b)
+        with pytest.raises(KernelError, match="threads"):
+            sve.set_num_threads(0)
+
+
 class TestLoading:
     def test_cpu_info(self):
         info = sve.cpu_info()

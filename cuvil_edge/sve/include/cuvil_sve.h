@@ -55,6 +55,13 @@ CUVIL_API size_t cuvil_sve_vector_bytes(void);
 /// @return CUVIL_OK or CUVIL_EISA when the CPU lacks that ISA (the table is unchanged).
 CUVIL_API int cuvil_select_isa(int isa);
 
+#define CUVIL_MAX_THREADS 64
+/// Sets how many threads one call may use (1..CUVIL_MAX_THREADS; default 1 or
+/// $CUVIL_NUM_THREADS). Large calls split rows/elements into ranges; results never depend on it.
+CUVIL_API int cuvil_set_threads(int n);
+/// @return the thread count set by cuvil_set_threads.
+CUVIL_API int cuvil_get_threads(void);
+
 /// normalize: uint8 HWC (3 channels) -> float32/float16 CHW, out = (x - mean[c]) * inv_std[c].
 /// @param[in]  src         first pixel of the image, 3 bytes per pixel.
 /// @param[in]  height,width image size in pixels.

@@ -1,7 +1,7 @@
 // dispatch.c: CPU probing, the one dispatch table, and the ISA-independent parts of each op
 // (argument checks, resize coordinate tables, letterbox fill, NMS candidate sort).
 // Built at the library baseline (-march=armv8-a on aarch64): nothing here may need SVE.
-#include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -54,6 +54,7 @@ static int g_isa[CUVIL_OP_COUNT];     // ISA chosen per op
 static unsigned g_available = 1u;     // bit mask of ISAs the CPU and the build offer
 static size_t g_vector_bytes = 0;     // SVE vector length (cntb) read at load
 static int g_status = CUVIL_OK;
+static int g_threads = 1;             // worker threads per call (CUVIL_NUM_THREADS, cuvil_set_threads)
 static char g_message[256] = "not initialised";
 
 static unsigned probe(void) {
@@ -94,6 +95,8 @@ int cuvil_select_isa(int isa) {
 
 __attribute__((constructor)) static void cuvil_init(void) {
     g_available = probe();
+    const char *nt = getenv("CUVIL_NUM_THREADS");
+    if (nt && atoi(nt) > 0) g_threads = atoi(nt) > CUVIL_MAX_THREADS ? CUVIL_MAX_THREADS : atoi(nt);
     int isa = best_isa();
     const char *force = getenv("CUVIL_FORCE_ISA");
     if (force && *force) {
@@ -134,7 +137,72 @@ size_t cuvil_sve_vector_bytes(void) { return g_vector_bytes; }
         if (g_status != CUVIL_OK) return g_status; \
     } while (0)
 
+int cuvil_set_threads(int n) {
+    if (n < 1 || n > CUVIL_MAX_THREADS) return CUVIL_EINVAL;
+    g_threads = n;
+    return CUVIL_OK;
+}
+int cuvil_get_threads(void) { return g_threads; }
+
+// Split [0, n) into up to g_threads contiguous ranges of at least min_chunk items; range 0 runs
+// on the calling thread. Every range computes exactly what a single call would, so results do
+// not depend on the thread count. A failed pthread_create runs that range inline.
+typedef void (*range_fn)(void *ctx, size_t begin, size_t end);
+typedef struct {
+    range_fn fn;
+    void *ctx;
+    size_t begin, end;
+} range_job;
+
+static void *range_main(void *arg) {
+    range_job *j = arg;
+    j->fn(j->ctx, j->begin, j->end);
+    return NULL;
+}
+
+static void parallel_for(size_t n, size_t min_chunk, range_fn fn, void *ctx) {
+    size_t t = (size_t)g_threads;
+    if (min_chunk == 0) min_chunk = 1;
+    if (t > n / min_chunk) t = n / min_chunk;
+    if (t <= 1) {
+        if (n) fn(ctx, 0, n);
+        return;
+    }
+    range_job jobs[CUVIL_MAX_THREADS];
+    pthread_t th[CUVIL_MAX_THREADS];
+    int started[CUVIL_MAX_THREADS] = {0};
+    for (size_t i = 0; i < t; ++i) {
+        jobs[i].fn = fn;
+        jobs[i].ctx = ctx;
+        jobs[i].begin = n * i / t;
+        jobs[i].end = n * (i + 1) / t;
+    }
+    for (size_t i = 1; i < t; ++i) started[i] = pthread_create(&th[i], NULL, range_main, &jobs[i]) == 0;
+    range_main(&jobs[0]);
+    for (size_t i = 1; i < t; ++i) {
+        if (started[i])
+            pthread_join(th[i], NULL);
+        else
+            range_main(&jobs[i]);
+    }
+}
+
 static size_t dtype_size(int dtype) { return dtype == CUVIL_F16 ? 2 : 4; }
+
+typedef struct {
+    const uint8_t *src;
+    size_t height, width, src_stride;
+    int swap, dtype;
+    const float *mean, *inv_std;
+    uint8_t *dst;
+} normalize_ctx;
+
+static void normalize_range(void *p, size_t y0, size_t y1) {
+    const normalize_ctx *c = p;
+    const size_t es = dtype_size(c->dtype);
+    g_table.normalize[c->dtype](c->src + y0 * c->src_stride, c->src_stride, c->width, y1 - y0, c->swap, c->mean,
+                                c->inv_std, c->dst + y0 * c->width * es, c->width * es, c->height * c->width * es);
+}
 
 int cuvil_normalize(const uint8_t *src, size_t height, size_t width, size_t src_stride, int swap,
                     const float *mean, const float *inv_std, void *dst, int dtype) {
@@ -142,9 +210,8 @@ int cuvil_normalize(const uint8_t *src, size_t height, size_t width, size_t src_
     if ((dtype != CUVIL_F32 && dtype != CUVIL_F16) || src_stride < 3 * width) return CUVIL_EINVAL;
     if (height == 0 || width == 0) return CUVIL_OK;
     if (!src || !dst || !mean || !inv_std) return CUVIL_EINVAL;
-    const size_t es = dtype_size(dtype);
-    g_table.normalize[dtype](src, src_stride, width, height, swap != 0, mean, inv_std, dst, width * es,
-                             height * width * es);
+    normalize_ctx c = {src, height, width, src_stride, swap != 0, dtype, mean, inv_std, dst};
+    parallel_for(height, (65536 + width - 1) / width, normalize_range, &c);
     return CUVIL_OK;
 }
 
@@ -170,6 +237,44 @@ static void coord(size_t o, size_t in, size_t out, int32_t *i0, float *w0, float
     *i0 = (int32_t)i;
     *w1 = w;
     *w0 = 1.0f - w;
+}
+
+typedef struct {
+    const uint8_t *src;
+    size_t height, width, src_stride;
+    int swap;
+    const float *mean, *inv_std;
+    uint8_t *dst;  // first pixel of the rectangle, channel 0
+    size_t dst_row, plane;
+    cuvil_resize_fn k;
+    size_t rh;
+    const int32_t *xi;
+    const float *wx0, *wx1;
+    size_t rw, x_lo, x_hi;
+    volatile int failed;
+} resize_ctx;
+
+static void resize_range(void *p, size_t y_begin, size_t y_end) {
+    resize_ctx *c = p;
+    // Vertical-pass rows: 3 planes of width + 1 floats, zeroed so a 1-pixel-wide source reads a
+    // finite x0 + 1 with weight 0. Cache-line aligned for the vector stores.
+    const size_t tmp_plane = c->width + 1;
+    uint8_t *mem = calloc(1, 3 * tmp_plane * sizeof(float) + 64);
+    if (!mem) {
+        c->failed = 1;
+        return;
+    }
+    float *tmp = (float *)(((uintptr_t)mem + 63) & ~(uintptr_t)63);
+    for (size_t y = y_begin; y < y_end; ++y) {
+        int32_t y0;
+        float wy0, wy1;
+        coord(y, c->height, c->rh, &y0, &wy0, &wy1);
+        const uint8_t *r0 = c->src + (size_t)y0 * c->src_stride;
+        const uint8_t *r1 = c->height > 1 ? r0 + c->src_stride : r0;
+        c->k(r0, r1, wy0, wy1, c->x_lo, c->x_hi, tmp, tmp_plane, c->xi, c->wx0, c->wx1, c->rw, c->swap, c->mean,
+             c->inv_std, c->dst + y * c->dst_row, c->plane);
+    }
+    free(mem);
 }
 
 int cuvil_resize_normalize(const uint8_t *src, size_t height, size_t width, size_t src_stride, int swap,
@@ -199,15 +304,11 @@ int cuvil_resize_normalize(const uint8_t *src, size_t height, size_t width, size
         }
     }
     if (rw == 0 || rh == 0) return CUVIL_OK;
-    // Scratch: column tables, then the vertical-pass rows (3 planes of width + 1 floats; the
-    // extra column is zero so a 1-pixel-wide source reads a finite x0 + 1 with weight 0).
-    const size_t tmp_plane = width + 1;
-    size_t bytes = rw * (sizeof(int32_t) + 2 * sizeof(float)) + 3 * tmp_plane * sizeof(float) + 64;
-    uint8_t *scratch = calloc(1, bytes);
-    if (!scratch) return CUVIL_ENOMEM;
-    int32_t *xi = (int32_t *)scratch;
+    // Column tables, shared by every range.
+    uint8_t *tables = malloc(rw * (sizeof(int32_t) + 2 * sizeof(float)));
+    if (!tables) return CUVIL_ENOMEM;
+    int32_t *xi = (int32_t *)tables;
     float *wx0 = (float *)(xi + rw), *wx1 = wx0 + rw;
-    float *tmp = (float *)(((uintptr_t)(wx1 + rw) + 63) & ~(uintptr_t)63);
     size_t x_lo = width, x_hi = 0;
     for (size_t i = 0; i < rw; ++i) {
         coord(i, width, rw, &xi[i], &wx0[i], &wx1[i]);
@@ -215,56 +316,64 @@ int cuvil_resize_normalize(const uint8_t *src, size_t height, size_t width, size
         if (a < x_lo) x_lo = a;
         if (b > x_hi) x_hi = b;
     }
-    cuvil_resize_fn k = g_table.resize[dtype];
-    for (size_t y = 0; y < rh; ++y) {
-        int32_t y0;
-        float wy0, wy1;
-        coord(y, height, rh, &y0, &wy0, &wy1);
-        const uint8_t *r0 = src + (size_t)y0 * src_stride;
-        const uint8_t *r1 = height > 1 ? r0 + src_stride : r0;
-        k(r0, r1, wy0, wy1, x_lo, x_hi, tmp, tmp_plane, xi, wx0, wx1, rw, swap != 0, mean, inv_std,
-          out + ((ry + y) * dst_w + rx) * es, plane);
+    resize_ctx c = {src, height, width, src_stride, swap != 0, mean, inv_std, out + (ry * dst_w + rx) * es,
+                    dst_w * es, plane, g_table.resize[dtype], rh, xi, wx0, wx1, rw, x_lo, x_hi, 0};
+    parallel_for(rh, (16384 + rw - 1) / rw, resize_range, &c);
+    free(tables);
+    return c.failed ? CUVIL_ENOMEM : CUVIL_OK;
+}
+
+typedef struct {
+    const void *src;
+    void *dst;
+    size_t channels, inner;
+    const float *scales;
+    int dequant;
+} qdq_ctx;
+
+// Ranges over elements (per tensor) or over (outer, channel) blocks (per channel).
+static void qdq_range(void *p, size_t b, size_t e) {
+    const qdq_ctx *c = p;
+    if (c->channels == 1) {
+        if (c->dequant)
+            g_table.dequantize((const int8_t *)c->src + b, (float *)c->dst + b, e - b, c->scales[0]);
+        else
+            g_table.quantize((const float *)c->src + b, (int8_t *)c->dst + b, e - b, c->scales[0]);
+        return;
     }
-    free(scratch);
+    for (size_t blk = b; blk < e; ++blk) {
+        const size_t off = blk * c->inner;
+        const float s = c->scales[blk % c->channels];
+        if (c->dequant)
+            g_table.dequantize((const int8_t *)c->src + off, (float *)c->dst + off, c->inner, s);
+        else
+            g_table.quantize((const float *)c->src + off, (int8_t *)c->dst + off, c->inner, s);
+    }
+}
+
+static int qdq(const void *src, void *dst, size_t outer, size_t channels, size_t inner, const float *scales,
+               int dequant) {
+    CHECK_READY();
+    if (!scales || channels == 0) return CUVIL_EINVAL;
+    const size_t total = outer * channels * inner;
+    if (total == 0) return CUVIL_OK;
+    if (!src || !dst) return CUVIL_EINVAL;
+    qdq_ctx c = {src, dst, channels, inner, scales, dequant};
+    if (channels == 1)
+        parallel_for(total, 1u << 18, qdq_range, &c);
+    else
+        parallel_for(outer * channels, ((1u << 18) + inner - 1) / inner, qdq_range, &c);
     return CUVIL_OK;
 }
 
 int cuvil_quantize(const float *src, int8_t *dst, size_t outer, size_t channels, size_t inner,
                    const float *scales) {
-    CHECK_READY();
-    if (!scales || channels == 0) return CUVIL_EINVAL;
-    const size_t total = outer * channels * inner;
-    if (total == 0) return CUVIL_OK;
-    if (!src || !dst) return CUVIL_EINVAL;
-    if (channels == 1) {
-        g_table.quantize(src, dst, total, scales[0]);
-        return CUVIL_OK;
-    }
-    for (size_t o = 0; o < outer; ++o)
-        for (size_t c = 0; c < channels; ++c) {
-            size_t off = (o * channels + c) * inner;
-            g_table.quantize(src + off, dst + off, inner, scales[c]);
-        }
-    return CUVIL_OK;
+    return qdq(src, dst, outer, channels, inner, scales, 0);
 }
 
 int cuvil_dequantize(const int8_t *src, float *dst, size_t outer, size_t channels, size_t inner,
                      const float *scales) {
-    CHECK_READY();
-    if (!scales || channels == 0) return CUVIL_EINVAL;
-    const size_t total = outer * channels * inner;
-    if (total == 0) return CUVIL_OK;
-    if (!src || !dst) return CUVIL_EINVAL;
-    if (channels == 1) {
-        g_table.dequantize(src, dst, total, scales[0]);
-        return CUVIL_OK;
-    }
-    for (size_t o = 0; o < outer; ++o)
-        for (size_t c = 0; c < channels; ++c) {
-            size_t off = (o * channels + c) * inner;
-            g_table.dequantize(src + off, dst + off, inner, scales[c]);
-        }
-    return CUVIL_OK;
+    return qdq(src, dst, outer, channels, inner, scales, 1);
 }
 
 int cuvil_softmax_topk(const float *src, size_t rows, size_t n, size_t src_stride, float *probs, size_t k,

@@ -11,6 +11,14 @@
 
 #define CUVIL_HIDDEN __attribute__((visibility("hidden")))
 #define UNUSED(x) ((void)(x))
+
+// The x86 host build has only the scalar ISA; GCC clones its loops for AVX2 (chosen at load by
+// ifunc) next to the SSE2 baseline. No FMA either way (-ffp-contract=off), so results match.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && defined(__linux__)
+#define CUVIL_HOST_CLONES __attribute__((target_clones("avx2", "default")))
+#else
+#define CUVIL_HOST_CLONES
+#endif
 #ifdef CUVIL_DEBUG
 #include <assert.h>
 #define ASSUME(c) assert(c)

@@ -1,6 +1,7 @@
 // nms_scalar.c: reference best-class decode and greedy IoU suppression.
 #include "internal.h"
 
+CUVIL_HOST_CLONES
 void cuvil_nms_decode_f32_f32_scalar(const float *scores, size_t n, size_t classes, ptrdiff_t score_stride,
                                      ptrdiff_t class_stride, float *best, int32_t *cls) {
     const uint8_t *base = (const uint8_t *)scores;
@@ -21,6 +22,7 @@ void cuvil_nms_decode_f32_f32_scalar(const float *scores, size_t n, size_t class
     }
 }
 
+CUVIL_HOST_CLONES
 size_t cuvil_nms_suppress_s32_f32_scalar(const float *x1, const float *y1, const float *x2, const float *y2,
                                          const float *area, const int32_t *cls, size_t m, float iou_thr,
                                          int agnostic, size_t max_det, int32_t *keep, uint32_t *supp) {

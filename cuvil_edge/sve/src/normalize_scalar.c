@@ -20,12 +20,14 @@
 
 #define CUVIL_ID(v) (v)
 
+CUVIL_HOST_CLONES
 void cuvil_normalize_f32_u8_scalar(const uint8_t *src, size_t src_stride, size_t width, size_t rows, int swap,
                                    const float *mean, const float *inv_std, void *dst, size_t dst_row_stride,
                                    size_t dst_plane_stride) {
     CUVIL_NORMALIZE_BODY(float, CUVIL_ID)
 }
 
+CUVIL_HOST_CLONES
 void cuvil_normalize_f16_u8_scalar(const uint8_t *src, size_t src_stride, size_t width, size_t rows, int swap,
                                    const float *mean, const float *inv_std, void *dst, size_t dst_row_stride,
                                    size_t dst_plane_stride) {

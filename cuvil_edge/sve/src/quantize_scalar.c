@@ -3,6 +3,7 @@
 // rounding follow ONNX Runtime's QuantizeLinear; NaN gives 0.
 #include "internal.h"
 
+CUVIL_HOST_CLONES
 void cuvil_quantize_s8_f32_scalar(const float *src, int8_t *dst, size_t n, float scale) {
     for (size_t i = 0; i < n; ++i) {
         float v = src[i] / scale;
@@ -14,6 +15,7 @@ void cuvil_quantize_s8_f32_scalar(const float *src, int8_t *dst, size_t n, float
     }
 }
 
+CUVIL_HOST_CLONES
 void cuvil_dequantize_f32_s8_scalar(const int8_t *src, float *dst, size_t n, float scale) {
     for (size_t i = 0; i < n; ++i) dst[i] = (float)src[i] * scale;
 }

@@ -278,6 +278,45 @@ static void test_nms(unsigned avail) {
                     }
 }
 
+// Thread count must not change any result: big enough inputs to split, 1 vs 3 threads.
+static void test_threads(unsigned avail) {
+    const size_t h = 700, w = 200, n = 600000;
+    const float mean[3] = {1, 2, 3}, inv[3] = {0.5f, 0.25f, 0.125f}, pad[3] = {0, 0, 0}, scale = 0.02f;
+    uint8_t *img = galloc(h * w * 3);
+    float *x = galloc(n * 4);
+    for (size_t i = 0; i < h * w * 3; ++i) img[i] = (uint8_t)rnd();
+    for (size_t i = 0; i < n; ++i) x[i] = frand(-3.0f, 3.0f);
+    const size_t nb = 3 * h * w * 4, rb = 3 * 200 * 200 * 4;
+    for (int isa = 0; isa < 4; ++isa) {
+        if (!(avail & (1u << isa))) continue;
+        cuvil_select_isa(isa);
+        uint8_t *a[4], *b[4];
+        for (int t = 0; t < 2; ++t) {
+            uint8_t **o = t ? b : a;
+            cuvil_set_threads(t ? 3 : 1);
+            o[0] = galloc(nb);
+            o[1] = galloc(rb);
+            o[2] = galloc(n);
+            o[3] = galloc(n * 4);
+            cuvil_normalize(img, h, w, 3 * w, 0, mean, inv, o[0], CUVIL_F32);
+            cuvil_resize_normalize(img, h, w, 3 * w, 1, mean, inv, o[1], CUVIL_F32, 200, 200, 0, 0, 200, 200, pad);
+            cuvil_quantize(x, (int8_t *)o[2], 1, 1, n, &scale);
+            cuvil_dequantize((const int8_t *)o[2], (float *)o[3], 1, 1, n, &scale);
+        }
+        cuvil_set_threads(1);
+        compare("normalize threads=3", isa, a[0], b[0], nb, 0);
+        compare("resize_normalize threads=3", isa, a[1], b[1], rb, 0);
+        compare("quantize threads=3", isa, a[2], b[2], n, 0);
+        compare("dequantize threads=3", isa, a[3], b[3], n * 4, 0);
+        for (int i = 0; i < 4; ++i) {
+            free(a[i]);
+            free(b[i]);
+        }
+    }
+    free(img);
+    free(x);
+}
+
 int main(int argc, char **argv) {
     if (cuvil_init_status() != CUVIL_OK) {
         fprintf(stderr, "cuvil_sve_selftest: %s\n", cuvil_init_message());
@@ -300,6 +339,7 @@ int main(int argc, char **argv) {
         test_softmax(avail);
         test_nms(avail);
     }
+    test_threads(avail);
     cuvil_select_isa(best);
     printf("%s: %lu checks, %lu mismatches\n", g_fail ? "FAILED" : "PASSED", g_checks, g_fail);
     return g_fail ? 1 : 0;

@@ -1,6 +1,7 @@
 // softmax_topk_scalar.c: reference softmax over one row plus its top-k.
 #include "internal.h"
 
+CUVIL_HOST_CLONES
 void cuvil_softmax_topk_f32_f32_scalar(const float *x, size_t n, float *y, size_t k, float *ts, int32_t *ti) {
     float mx = -__builtin_inff();
     for (size_t i = 0; i < n; ++i) mx = x[i] > mx ? x[i] : mx;
