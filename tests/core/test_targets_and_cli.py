@@ -1,0 +1,81 @@
+"""Board profiles, the CLI's help and error contract, and the package's exported names."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import pkgutil
+
+import pytest
+
+import cuvil_edge
+from cuvil_edge.errors import CuvilEdgeError, InternalError, TargetError
+from cuvil_edge.targets import all_targets, get_target
+
+
+class TestTargets:
+    def test_orin_is_neon_only_and_thor_has_128_bit_sve2(self):
+        for name in ("agx-orin-64gb", "agx-orin-32gb", "orin-nx-16gb", "orin-nx-8gb", "orin-nano-8gb", "orin-nano-4gb"):
+            t = get_target(name)
+            assert t.isa == ("neon",) and t.sve_vector_bytes == 0, name
+            assert t.gpu_sm == "8.7" and t.runtime_format == "tensorrt"
+        thor = get_target("agx-thor")
+        assert {"sve", "sve2"} <= set(thor.isa) and thor.sve_vector_bytes == 16
+
+    def test_every_board_names_its_source_and_releases_carry_tensorrt(self):
+        for t in all_targets().values():
+            assert t.source
+            for r in t.releases:
+                assert r.l4t and r.tensorrt and r.cuda
+        assert get_target("orin-nano-8gb").dla_cores == 0
+        assert get_target("agx-orin-64gb").dla_cores == 2
+
+    def test_cpu_only_boards_take_the_ort_format(self):
+        assert get_target("generic-arm64").runtime_format == "ort-cpu"
+        assert get_target("x86-host").runtime_format == "ort-cpu"
+        assert get_target("x86-host").ram_bytes > 0
+
+    def test_unknown_target_lists_known_ones(self):
+        with pytest.raises(TargetError, match="unknown target 'orin-mega'.*orin-nano-8gb"):
+            get_target("orin-mega")
+
+
+class TestCli:
+    def test_targets_json(self, cli):
+        r = cli("targets", "--json")
+        assert r.returncode == 0, r.stderr
+        names = {t["name"] for t in json.loads(r.stdout)}
+        assert {"agx-orin-64gb", "orin-nano-8gb", "agx-thor", "generic-arm64", "x86-host"} <= names
+
+    @pytest.mark.parametrize(
+        "command",
+        ["targets", "keygen", "sign", "verify", "package", "inspect", "quantize", "validate", "demo"],
+    )
+    def test_every_command_has_help(self, cli, command):
+        r = cli(command, "--help")
+        assert r.returncode == 0, r.stderr
+        assert "Usage" in r.stdout
+
+    def test_user_error_is_one_line_exit_1_without_traceback(self, cli):
+        r = cli("verify", "/nonexistent/bundle.cvb")
+        assert r.returncode == 1
+        assert "Traceback" not in r.stderr
+        assert r.stderr.strip().count("\n") == 0
+        assert "/nonexistent/bundle.cvb" in r.stderr
+
+
+class TestPackageImports:
+    def test_every_submodule_imports_without_extras(self):
+        failures = []
+        for mod in pkgutil.walk_packages(cuvil_edge.__path__, "cuvil_edge."):
+            try:
+                importlib.import_module(mod.name)
+            except ImportError as exc:
+                failures.append(f"{mod.name}: {exc}")
+        assert not failures
+
+    def test_exported_names(self):
+        for name in cuvil_edge.__all__:
+            assert hasattr(cuvil_edge, name)
+        assert issubclass(cuvil_edge.BundleError, CuvilEdgeError)
+        assert not issubclass(InternalError, CuvilEdgeError)
