@@ -231,6 +231,24 @@ class TestPressureLadder:
         assert snap["budget_bytes"] == (8192 - 512) * MiB and snap["level_name"] == "NORMAL"
 
 
+class TestBufferPool:
+    def test_idle_pooled_bytes_count_and_release_idle_empties_the_pool(self) -> None:
+        from cuvil_edge.runtime.buffers import BufferPool
+
+        pool = BufferPool(max_bytes=64 * MiB)
+        s = MemoryScheduler(10000 * MiB, reserve_mb=0)
+        s.attach_pool(pool)
+        a = pool.acquire((1024, 1024), np.float32)  # 4 MiB
+        pool.release(a)
+        assert s.used_bytes == 4 * MiB
+        b = pool.acquire((1024, 1024), np.float32)
+        assert b is a and s.used_bytes == 0  # reused, now in use (counted by the server as in flight)
+        pool.release(b)
+        s.update(sample(9560, total_mb=10000))  # 4.4% free: up to RELEASE_IDLE
+        assert s.level >= PressureLevel.RELEASE_IDLE
+        assert pool.idle_bytes == 0 and s.used_bytes == 0
+
+
 class TestPlacementPolicy:
     @pytest.mark.parametrize("name", ["orin-nano-8gb", "agx-orin-64gb", "agx-xavier", "agx-thor"])
     def test_integrated_gpus_map_host_memory(self, name: str) -> None:

@@ -12,6 +12,9 @@ keeps the daemon inside a budget itself:
   batch and prefetch depth) and reserved (:meth:`MemoryScheduler.admit`); a load that does not fit
   raises :class:`MemoryBudgetError` instead of risking the kernel's OOM killer. After loading,
   :meth:`MemoryScheduler.measure` replaces the estimate with the measured figure.
+* **I/O buffers** come from ``cuvil_edge.runtime.buffers.BufferPool`` (reused arrays keyed by
+  shape and dtype); :meth:`MemoryScheduler.attach_pool` counts a pool's idle bytes and empties it
+  at ``RELEASE_IDLE``. :func:`placement_policy` says where those buffers live on a board.
 * **Pressure ladder** driven by telemetry (free RAM, largest free block, swap growth, and our own
   headroom): ``SHRINK_PREFETCH`` → ``CAP_BATCH`` → ``RELEASE_IDLE`` (idle contexts, pooled
   buffers) → ``UNLOAD_LRU`` (least recently used idle model) → ``REJECT`` (new requests get 503 and
@@ -223,6 +226,7 @@ class MemoryScheduler:
         self._clock = clock or time.monotonic
         self._lock = threading.RLock()
         self._res: dict[str, Reservation] = {}
+        self._pools: list[Any] = []
         self.dynamic_bytes = 0  # in-flight request/batch buffers the server reports
         self.other_bytes = 0
         self.level = PressureLevel.NORMAL
@@ -243,9 +247,17 @@ class MemoryScheduler:
 
     @property
     def used_bytes(self) -> int:
-        """What the daemon has accounted for: reservations plus in-flight buffers."""
+        """What the daemon has accounted for: reservations, in-flight buffers, idle pooled buffers."""
         with self._lock:
-            return sum(r.bytes for r in self._res.values()) + self.dynamic_bytes
+            pooled = sum(int(getattr(p, "idle_bytes", 0)) for p in self._pools)
+            return sum(r.bytes for r in self._res.values()) + self.dynamic_bytes + pooled
+
+    def attach_pool(self, pool: Any) -> None:
+        """Account an I/O buffer pool (``cuvil_edge.runtime.buffers.BufferPool``): its idle bytes
+        count as ours, and the ``RELEASE_IDLE`` step empties it (``pool.clear()``)."""
+        with self._lock:
+            if pool not in self._pools:
+                self._pools.append(pool)
 
     @property
     def budget_bytes(self) -> int:
@@ -527,6 +539,11 @@ class MemoryScheduler:
                     if r.name in names:
                         r.context_released = True
                 kwargs = {"names": names}
+                for pool in self._pools:
+                    try:
+                        pool.clear()
+                    except Exception:  # a pool that cannot clear must not stop the ladder
+                        log.exception("clearing buffer pool %r failed", pool)
             elif lvl == PressureLevel.UNLOAD_LRU:
                 name = self.lru_idle()
                 if name is None:
