@@ -95,6 +95,18 @@ def summarize(runs: list[PipelineResult]) -> dict[str, Any]:
     return out
 
 
+def phase_figures(runs: list[PipelineResult], duration: float) -> list[dict[str, Any]]:
+    """Throughput and p99 per phase of the timeline, averaged over seeds."""
+    scale = duration / 150.0
+    rows = []
+    for start, end, name in PHASES:
+        w = [r.window(start * scale, end * scale) for r in runs]
+        p99 = [x["p99_ms"] for x in w if not math.isnan(x["p99_ms"])]
+        rows.append({"phase": name, "throughput_fps": round(statistics.fmean(x["throughput_fps"] for x in w), 2),
+                     "p99_ms": round(statistics.fmean(p99), 1) if p99 else None})
+    return rows
+
+
 def phase_breakdown(run: PipelineResult) -> list[dict[str, Any]]:
     rows = []
     for start, end, name in PHASES:
@@ -189,6 +201,7 @@ def main(argv: list[str] | None = None) -> int:
         "duration_s": args.duration,
         "host": {"python": platform.python_version(), "machine": platform.machine()},
         "modes": {m: summarize(r) for m, r in runs.items()},
+        "per_phase": {m: phase_figures(r, args.duration) for m, r in runs.items()},
         "adaptive_phases_seed0": phase_breakdown(runs["adaptive"][0]),
     }
     fixed = {m: results["modes"][m] for m in modes if m.startswith("fixed")}
@@ -224,6 +237,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{m:10} {v['throughput_fps']['mean']:7.2f} {v['p50_ms']['mean']:8.1f} {v['p99_ms']['mean']:8.1f} "
               f"{v['peak_daemon_mb']['mean']:8.1f} {v['peak_inflight_mb']['mean']:8.1f} "
               f"{v['oom_events']['mean']:5.1f} {v['mean_depth']['mean']:6.2f}")
+    print("per phase (fps / p99 ms):")
+    for m in modes:
+        cells = "  ".join(f"{x['phase']}: {x['throughput_fps']:5.1f} / {x['p99_ms'] or float('nan'):6.0f}"
+                          for x in results["per_phase"][m])
+        print(f"  {m:10} {cells}")
     g = results["goal"]
     print(f"best fixed by throughput: {best}; adaptive vs it: throughput {ratio['throughput']:.1%}, "
           f"p99 {ratio['p99']:.1%}, peak memory {ratio['peak_memory']:.1%} "

@@ -97,9 +97,17 @@ class PipelineResult:
     pressure_steps: dict[str, int] = field(default_factory=dict)
     budget_overruns: int = 0
     trace: list[dict[str, Any]] = field(default_factory=list)
+    completions: list[tuple[float, float]] = field(default_factory=list)  # (time s, latency ms)
+
+    def window(self, start: float, end: float) -> dict[str, float]:
+        """Throughput and latency of the frames completed in ``[start, end)``."""
+        lat = [ms for t, ms in self.completions if start <= t < end]
+        return {"throughput_fps": len(lat) / (end - start) if end > start else math.nan,
+                "p50_ms": _pct(lat, 50), "p99_ms": _pct(lat, 99)}
 
     def to_dict(self, with_trace: bool = False) -> dict[str, Any]:
         d = asdict(self)
+        d.pop("completions")
         if not with_trace:
             d.pop("trace")
         return {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in d.items()}
@@ -309,6 +317,7 @@ class PipelineSim:
                 exec_window.append(t * 1000)
                 for a in frames:
                     latencies.append((now - a) * 1000)
+                    res.completions.append((now, (now - a) * 1000))
                 res.completed += len(frames)
                 completed_window += len(frames)
                 in_flight -= 1

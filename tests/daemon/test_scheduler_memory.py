@@ -221,7 +221,8 @@ class TestPressureLadder:
         s.update(sample(9450, total_mb=10000))
         assert (s.prefetch_cap(8), s.batch_cap(8)) == (1, 4)
         s.update(sample(9600, total_mb=10000))
-        assert (s.prefetch_cap(8), s.batch_cap(8)) == (1, 2)
+        assert (s.prefetch_cap(8), s.batch_cap(8)) == (1, 4)
+        assert s.batch_cap(1) == 1
 
     def test_snapshot_is_plain_data(self) -> None:
         s = MemoryScheduler(8192 * MiB, reserve_mb=512)

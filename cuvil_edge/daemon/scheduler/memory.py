@@ -574,9 +574,8 @@ class MemoryScheduler:
         return max_depth
 
     def batch_cap(self, max_batch: int) -> int:
-        """The largest batch allowed now: half at CAP_BATCH, a quarter from RELEASE_IDLE up."""
-        if self.level >= PressureLevel.RELEASE_IDLE:
-            return max(1, max_batch // 4)
+        """The largest batch allowed now: half of ``max_batch`` from CAP_BATCH up (each later step
+        adds its own measure rather than squeezing batches further)."""
         if self.level >= PressureLevel.CAP_BATCH:
             return max(1, max_batch // 2)
         return max_batch
