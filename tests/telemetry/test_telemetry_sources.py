@@ -45,7 +45,7 @@ class TestTegrastatsSource:
             elapsed = time.monotonic() - t0
         finally:
             src.close()
-        assert 0.15 < elapsed < 2.0  # 4 gaps of 50 ms, not 1 s
+        assert 0.15 < elapsed < 3.0  # 4 gaps of 50 ms, not 1 s
 
     def test_skips_unparsable_lines(self, fake_tegrastats) -> None:
         exe = fake_tegrastats(["tegrastats: warning", recorded_lines("nano_jp4.log")[0]])
@@ -94,7 +94,7 @@ class TestReplaySource:
         got = list(src)
         elapsed = time.monotonic() - t0
         assert len(got) == 3
-        assert 0.25 < elapsed < 1.5  # 3 recorded seconds at 10x
+        assert 0.25 < elapsed < 2.5  # 3 recorded seconds at 10x
         assert got[2].timestamp - got[0].timestamp == pytest.approx(0.3, abs=0.15)
 
     def test_original_timestamps_and_end(self) -> None:
@@ -176,7 +176,7 @@ class TestSimulatedBoard:
         t0 = time.monotonic()
         for _ in range(5):
             sim.read()
-        assert 0.15 < time.monotonic() - t0 < 1.5
+        assert 0.15 < time.monotonic() - t0 < 3.0
         assert sim.t == 5.0
 
     def test_unknown_scenario_and_board(self) -> None:
