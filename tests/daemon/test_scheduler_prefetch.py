@@ -42,6 +42,10 @@ class TestDeeper:
         ctl = PrefetchController(1, 8)
         assert run(ctl, 30, depth_blocked_pct=0.0)[-1] == 2  # GPU idle for lack of load, not of depth
 
+    def test_not_deeper_when_idle(self) -> None:
+        ctl = PrefetchController(1, 8)
+        assert run(ctl, 30, sample=s(gpu=0.0))[-1] == 2  # no load at all: depth is irrelevant
+
     def test_not_deeper_when_gpu_at_target(self) -> None:
         ctl = PrefetchController(1, 8)
         assert run(ctl, 30, sample=s(gpu=99), depth_blocked_pct=100)[-1] == 2

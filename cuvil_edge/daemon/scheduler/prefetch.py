@@ -78,6 +78,8 @@ class PrefetchController:
         throttle_depth (int): deepest depth while the board throttles. Defaults to 2 (double
             buffering: pre-processing overlaps execution, nothing more queues).
         blocked_min_pct (float): ``depth_blocked_pct`` needed before going deeper. Defaults to 10.
+        idle_pct (float): at or below this GPU use the daemon is idle: no reason to go deeper.
+            Defaults to 5.
         power_limit_mw (float | None): board input power budget; at 97% of it counts as
             throttling. Defaults to None (not checked).
         queue_fraction (float): the p95 queue delay may use this fraction of the p95 latency
@@ -102,6 +104,7 @@ class PrefetchController:
         temp_limit_c: float = 90.0,
         throttle_depth: int = 2,
         blocked_min_pct: float = 10.0,
+        idle_pct: float = 5.0,
         power_limit_mw: float | None = None,
         queue_fraction: float = 0.5,
         alpha: float = 0.3,
@@ -124,6 +127,7 @@ class PrefetchController:
         self.temp_limit_c = float(temp_limit_c)
         self.throttle_depth = int(throttle_depth)
         self.blocked_min_pct = float(blocked_min_pct)
+        self.idle_pct = float(idle_pct)
         self.power_limit_mw = power_limit_mw
         self.queue_fraction = float(queue_fraction)
         self.alpha = float(alpha)
@@ -262,7 +266,7 @@ class PrefetchController:
             soft = f"queue p95 at {100 * self._qratio:.0f}% of the target"
         elif (
             self._gpu is not None
-            and self._gpu < self.gpu_util_target - self.deadband_pct
+            and self.idle_pct < self._gpu < self.gpu_util_target - self.deadband_pct
             and (self._emc is None or self._emc < self.emc_high_pct - 10.0)
             and (starving or self._qratio is None or self._qratio < self.queue_fraction / 2)
             and (depth_blocked_pct is None or depth_blocked_pct >= self.blocked_min_pct)
