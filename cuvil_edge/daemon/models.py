@@ -164,8 +164,11 @@ class ModelInstance:
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         """Start the batcher (on the loop, after :meth:`load`)."""
+        # Batches in flight are bounded by the daemon's --max-depth and by what the backend can
+        # overlap (one on a CPU-only ONNX Runtime, whose intra-op threads use every core).
+        depth = max(1, min(self._depth, self.backend.max_concurrency))
         self.batcher = Batcher(f"{self.name}:{self.version}", self.execute, loop, self.max_batch,
-                               self._preferred, self._delay, self._depth)
+                               self._preferred, self._delay, depth)
         self._update_inline(self.single_us)
 
     def submit(self, p: Pending) -> None:

@@ -143,6 +143,10 @@ class OrtBackend(Backend):
         if self.options.intra_op_threads:
             so.intra_op_num_threads = int(self.options.intra_op_threads)
         so.inter_op_num_threads = 1
+        if not self.options.extra.get("spin", False):
+            # Spinning intra-op threads burn the cores that the event loop, pre-processing and
+            # other models need; a server hands work over often enough to prefer sleeping.
+            so.add_session_config_entry("session.intra_op.allow_spinning", "0")
         if self.options.shared_arena and _register_shared_arena(ort):
             so.add_session_config_entry("session.use_env_allocators", "1")
         before = rss_bytes()
@@ -183,9 +187,14 @@ class OrtBackend(Backend):
 
     @property
     def max_concurrency(self) -> int:
-        # InferenceSession.run is thread-safe; on CPU intra-op threads already use the cores,
-        # so two batches in flight is enough to hide the hand-offs.
-        return 2
+        # InferenceSession.run is thread-safe. On the CPU the intra-op threads already use every
+        # core, so a second batch in flight only contends with the first; with a GPU provider two
+        # batches overlap copies, pre-processing and compute.
+        if self._session is not None:
+            gpu = any(p in ("CUDAExecutionProvider", "TensorrtExecutionProvider")
+                      for p in self._session.get_providers())
+            return 2 if gpu else 1
+        return 1 if self.options.device == "cpu" else 2
 
     def footprint_impl(self) -> Footprint:
         if self._measured is not None:

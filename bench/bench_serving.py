@@ -1,0 +1,552 @@
+#!/usr/bin/env python3
+"""Serving benchmark: cuvil-edged against Triton Inference Server, same client, same load, same run.
+
+Servers (each a subprocess on loopback, each running ONNX Runtime on the CPU):
+
+* ``cuvil-edged`` serving a hand-made bundle (manifest.json + model.onnx, no post-processing so
+  both servers return the same tensor);
+* ``tritonserver`` 2.51 from PyPI's ``nvidia-pytriton`` (raw binary, no PyTriton hop; recipe and
+  pitfalls in shared/PEERS.md) with a Python-backend ``model.py`` that runs ONNX Runtime on the
+  whole list of requests Triton hands it, dynamic batching on (max batch 8);
+* a canned-reply asyncio+httptools server (``--canned``): no model at all, the floor of what
+  the client and HTTP cost;
+* in-process ONNX Runtime, the baseline of the per-request overhead.
+
+Load: ``tritonclient.http`` clients, one per thread, each sending batch-1 requests with binary
+tensors back to back for a fixed time after a warm-up. Servers being compared run in turns
+(A B A B A B, 3 rounds) and each one's rounds are merged, so the machine's drifting background
+load falls on all of them alike. Models: the digits CNN (tiny) and
+EfficientNet-Lite0. Measured: requests/s, p50, p99 at 1 and 8 clients; overhead over
+in-process ONNX Runtime at 1 client; dynamic batching gain at 16 clients (cuvil-edged with
+``--max-batch 1`` vs batching).
+
+Usage::
+
+    .venv/bin/python bench/bench_serving.py            # writes bench/results/serving.json + .png
+    .venv/bin/python bench/bench_serving.py --quick    # shorter runs
+
+The machine's other load shows in the figures: compare servers within one run only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "bench" / "results"
+
+TRITON_MODEL_PY = '''
+import json, os
+import numpy as np
+import onnxruntime as ort
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        path = os.path.join(args["model_repository"], args["model_version"], "model.onnx")
+        self.sess = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+        self.inp = self.sess.get_inputs()[0].name
+        self.out = self.sess.get_outputs()[0].name
+
+    def execute(self, requests):
+        arrays = [pb_utils.get_input_tensor_by_name(r, self.inp).as_numpy() for r in requests]
+        x = arrays[0] if len(arrays) == 1 else np.concatenate(arrays)
+        y = self.sess.run([self.out], {self.inp: x})[0]
+        responses, offset = [], 0
+        for a in arrays:
+            n = a.shape[0]
+            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor(self.out, y[offset:offset + n])]))
+            offset += n
+        return responses
+'''
+
+
+# ---------------------------------------------------------------------------- models
+
+def build_models(work: Path, which: list[str]) -> dict[str, dict[str, Any]]:
+    from cuvil_edge.models import build_digits_cnn, build_efficientnet_lite0
+
+    out: dict[str, dict[str, Any]] = {}
+    if "tiny" in which:
+        path = build_digits_cnn(work / "digits.onnx")
+        out["tiny"] = {"name": "digits", "path": path, "shape": [1, 8, 8], "out": "logits", "classes": 10}
+    if "effnet" in which:
+        path = build_efficientnet_lite0(work / "efficientnet-lite0.onnx")
+        out["effnet"] = {"name": "efficientnet-lite0", "path": path, "shape": [3, 224, 224], "out": "logits",
+                         "classes": 1000}
+    return out
+
+
+def make_cuvil_store(root: Path, models: dict[str, dict[str, Any]], max_batch: int = 8) -> Path:
+    for m in models.values():
+        d = root / "bundles" / m["name"] / "1"
+        d.mkdir(parents=True)
+        shutil.copy(m["path"], d / "model.onnx")
+        manifest = {"format": "cuvil-bundle/1", "name": m["name"], "version": "1", "model": "model.onnx",
+                    "format_kind": "ort-cpu", "precision": "fp32", "max_batch": max_batch,
+                    "inputs": [{"name": "input", "dtype": "float32", "shape": [-1, *m["shape"]]}],
+                    "outputs": [{"name": m["out"], "dtype": "float32", "shape": [-1, m["classes"]]}],
+                    "preprocess": {"kind": "none"}, "postprocess": {"kind": "none"}}
+        (d / "manifest.json").write_text(json.dumps(manifest))
+        os.symlink("1", root / "bundles" / m["name"] / "current")
+    return root
+
+
+def make_triton_repo(root: Path, models: dict[str, dict[str, Any]], max_batch: int = 8) -> Path:
+    for m in models.values():
+        d = root / m["name"]
+        (d / "1").mkdir(parents=True)
+        shutil.copy(m["path"], d / "1" / "model.onnx")
+        (d / "1" / "model.py").write_text(TRITON_MODEL_PY)
+        dims = ", ".join(str(v) for v in m["shape"])
+        (d / "config.pbtxt").write_text(
+            f'name: "{m["name"]}"\nbackend: "python"\nmax_batch_size: {max_batch}\n'
+            f'input [{{ name: "input" data_type: TYPE_FP32 dims: [ {dims} ] }}]\n'
+            f'output [{{ name: "{m["out"]}" data_type: TYPE_FP32 dims: [ {m["classes"]} ] }}]\n'
+            "dynamic_batching { }\ninstance_group [{ count: 1 kind: KIND_CPU }]\n")
+    return root
+
+
+# ---------------------------------------------------------------------------- servers
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Proc:
+    def __init__(self, cmd: list[str], log: Path, env: dict[str, str] | None = None) -> None:
+        self.log_path = log
+        self._log = open(log, "wb")  # noqa: SIM115 - closed in stop()
+        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=env)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._log.close()
+
+
+def wait_model_ready(url: str, model: str, proc: Proc, timeout: float = 180.0) -> None:
+    import tritonclient.http as httpclient
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.proc.poll() is not None:
+            raise RuntimeError(f"server exited: {proc.log_path.read_text(errors='replace')[-3000:]}")
+        try:
+            c = httpclient.InferenceServerClient(url)
+            ok = c.is_model_ready(model)
+            c.close()
+            if ok:
+                return
+        except Exception:  # not listening yet
+            pass
+        time.sleep(0.2)
+    raise RuntimeError(f"{model} not ready at {url}: {proc.log_path.read_text(errors='replace')[-3000:]}")
+
+
+def start_cuvil(store: Path, work: Path, *args: str) -> tuple[Proc, str]:
+    port = _free_port()
+    p = Proc([sys.executable, "-m", "cuvil_edge.daemon.main", "--store", str(store), "--port", str(port),
+              "--log-level", "warning", *args], work / f"cuvil-{port}.log")
+    return p, f"127.0.0.1:{port}"
+
+
+def start_triton(repo: Path, work: Path) -> tuple[Proc, str]:
+    import pytriton
+
+    tdir = Path(pytriton.__file__).parent / "tritonserver"
+    backends = work / "triton-backends"
+    if not backends.exists():
+        (backends / "python").mkdir(parents=True)
+        for f in ("libtriton_python.so", "triton_python_backend_utils.py"):
+            shutil.copy(tdir / "backends" / "python" / f, backends / "python" / f)
+        ver = f"{sys.version_info.major}.{sys.version_info.minor}"
+        shutil.copy(tdir / "python_backend_stubs" / ver / "triton_python_backend_stub",
+                    backends / "python" / "triton_python_backend_stub")
+    env = dict(os.environ)
+    libs = [str(Path(sys.base_prefix) / "lib"), str(Path(pytriton.__file__).parents[1] / "nvidia_pytriton.libs")]
+    env["LD_LIBRARY_PATH"] = ":".join(libs + [env.get("LD_LIBRARY_PATH", "")])
+    env["PATH"] = str(Path(sys.executable).parent) + ":" + env.get("PATH", "")
+    port = _free_port()
+    cmd = [str(tdir / "bin" / "tritonserver"), f"--model-repository={repo}", f"--backend-directory={backends}",
+           "--http-address=127.0.0.1", f"--http-port={port}", "--allow-grpc=false", "--allow-metrics=false",
+           "--exit-timeout-secs=3", "--log-verbose=0"]
+    return Proc(cmd, work / f"triton-{port}.log", env), f"127.0.0.1:{port}"
+
+
+CANNED_SERVER = r'''
+import asyncio, json, sys
+import httptools
+import numpy as np
+
+classes, port = int(sys.argv[1]), int(sys.argv[2])
+blob = np.zeros(classes, np.float32).tobytes()
+head = json.dumps({"model_name": "m", "model_version": "1", "outputs": [{"name": "logits", "datatype": "FP32",
+                   "shape": [1, classes], "parameters": {"binary_data_size": len(blob)}}]},
+                  separators=(",", ":")).encode()
+body = head + blob
+reply = (b"HTTP/1.1 200 OK\r\ncontent-type: application/octet-stream\r\ninference-header-content-length: "
+         + str(len(head)).encode() + b"\r\ncontent-length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+
+
+class P(asyncio.Protocol):
+    def connection_made(self, t):
+        self.t = t
+        self.p = httptools.HttpRequestParser(self)
+
+    def data_received(self, d):
+        self.p.feed_data(d)
+
+    def on_message_complete(self):
+        self.t.write(reply)
+
+
+async def main():
+    srv = await asyncio.get_running_loop().create_server(P, "127.0.0.1", port)
+    print("ready", flush=True)
+    await srv.serve_forever()
+
+asyncio.run(main())
+'''
+
+
+def start_canned(classes: int, work: Path) -> tuple[Proc, str]:
+    port = _free_port()
+    script = work / "canned.py"
+    script.write_text(CANNED_SERVER)
+    p = Proc([sys.executable, str(script), str(classes), str(port)], work / f"canned-{port}.log")
+    deadline = time.monotonic() + 30
+    while "ready" not in p.log_path.read_text() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return p, f"127.0.0.1:{port}"
+
+
+# ---------------------------------------------------------------------------- load
+
+def run_load(url: str, model: str, x: np.ndarray, concurrency: int, duration: float,
+             warmup: int) -> dict[str, Any]:
+    """Closed-loop load: ``concurrency`` threads, each its own client, batch-1 binary requests."""
+    import tritonclient.http as httpclient
+
+    latencies: list[list[float]] = [[] for _ in range(concurrency)]
+    errors: list[str] = []
+    barrier = threading.Barrier(concurrency + 1)
+    go = threading.Event()
+    stop_at = [0.0]
+
+    def worker(i: int) -> None:
+        c = httpclient.InferenceServerClient(url, connection_timeout=120, network_timeout=120)
+        inp = httpclient.InferInput("input", list(x.shape), "FP32")
+        inp.set_data_from_numpy(x, binary_data=True)
+        try:
+            for _ in range(warmup):
+                c.infer(model, [inp])
+            barrier.wait()
+            go.wait()
+            mine = latencies[i]
+            while True:
+                t0 = time.perf_counter()
+                if t0 >= stop_at[0]:
+                    break
+                try:
+                    c.infer(model, [inp])
+                    mine.append(time.perf_counter() - t0)
+                except Exception as exc:  # counted; a benchmark run should have none
+                    errors.append(str(exc)[:200])
+        finally:
+            c.close()
+
+    threads = [threading.Thread(target=worker, args=(i,), daemon=True) for i in range(concurrency)]
+    for t in threads:
+        t.start()
+    barrier.wait()
+    start = time.perf_counter()
+    stop_at[0] = start + duration
+    go.set()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - start
+    lat = np.asarray([v for lst in latencies for v in lst]) * 1e3
+    return _summary(lat, wall, concurrency, len(errors))
+
+
+def _summary(lat: np.ndarray, wall: float, concurrency: int, errors: int) -> dict[str, Any]:
+    return {
+        "concurrency": concurrency,
+        "requests": int(lat.size),
+        "errors": errors,
+        "duration_s": round(wall, 3),
+        "throughput_rps": round(lat.size / wall, 2),
+        "p50_ms": round(float(np.percentile(lat, 50)), 4) if lat.size else None,
+        "p90_ms": round(float(np.percentile(lat, 90)), 4) if lat.size else None,
+        "p99_ms": round(float(np.percentile(lat, 99)), 4) if lat.size else None,
+        "mean_ms": round(float(lat.mean()), 4) if lat.size else None,
+        "_lat": lat,
+    }
+
+
+def interleaved(targets: list[tuple[str, str, Proc]], model: str, x: np.ndarray, concurrency: int,
+                duration: float, warmup: int, rounds: int) -> dict[str, dict[str, Any]]:
+    """Run each target ``rounds`` times in turn (A B A B ...), so drifting background load hits all
+    alike; merge each target's rounds (all latencies, total requests over total time)."""
+    parts: dict[str, list[dict[str, Any]]] = {label: [] for label, _, _ in targets}
+    for rnd in range(rounds):
+        for label, url, _proc in targets:
+            before = server_stats(url, model)
+            r = run_load(url, model, x, concurrency, duration / rounds, warmup if rnd == 0 else 0)
+            after = server_stats(url, model)
+            r["_execs"] = after["execution_count"] - before["execution_count"]
+            r["_infs"] = after["inference_count"] - before["inference_count"]
+            parts[label].append(r)
+    out = {}
+    for label, runs in parts.items():
+        lat = np.concatenate([r.pop("_lat") for r in runs])
+        merged = _summary(lat, sum(r["duration_s"] for r in runs), concurrency, sum(r["errors"] for r in runs))
+        merged.pop("_lat")
+        execs, infs = sum(r["_execs"] for r in runs), sum(r["_infs"] for r in runs)
+        merged["mean_batch"] = round(infs / execs, 3) if execs else None
+        merged["rounds_rps"] = [r["throughput_rps"] for r in runs]
+        out[label] = merged
+    return out
+
+
+def inprocess_ort(path: Path, x: np.ndarray, duration: float) -> dict[str, Any]:
+    import onnxruntime as ort
+
+    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    for _ in range(20):
+        sess.run(None, {"input": x})
+    lat = []
+    end = time.perf_counter() + duration
+    while time.perf_counter() < end:
+        t0 = time.perf_counter()
+        sess.run(None, {"input": x})
+        lat.append(time.perf_counter() - t0)
+    a = np.asarray(lat) * 1e3
+    return {"requests": int(a.size), "p50_ms": round(float(np.percentile(a, 50)), 4),
+            "p99_ms": round(float(np.percentile(a, 99)), 4), "throughput_rps": round(a.size / duration, 2)}
+
+
+def server_stats(url: str, model: str) -> dict[str, Any]:
+    import tritonclient.http as httpclient
+
+    c = httpclient.InferenceServerClient(url)
+    try:
+        s = c.get_inference_statistics(model)["model_stats"][0]
+    finally:
+        c.close()
+    return {"inference_count": int(s["inference_count"]), "execution_count": int(s["execution_count"])}
+
+
+# ---------------------------------------------------------------------------- main
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--models", default="tiny,effnet", help="comma list: tiny, effnet")
+    ap.add_argument("--duration", type=float, default=None, help="seconds per tiny-model run (default 5)")
+    ap.add_argument("--quick", action="store_true", help="short runs (smoke test of the benchmark itself)")
+    ap.add_argument("--no-triton", action="store_true", help="skip Triton (when nvidia-pytriton is missing)")
+    ap.add_argument("--out", type=Path, default=RESULTS / "serving.json")
+    args = ap.parse_args(argv)
+    which = [m for m in args.models.split(",") if m]
+    tiny_s = args.duration or (1.5 if args.quick else 5.0)
+    effnet_s = tiny_s * (1.0 if args.quick else 2.0)
+    rounds = 1 if args.quick else 3
+    work = Path(tempfile.mkdtemp(prefix="cuvil-bench-"))
+    models = build_models(work, which)
+    store = make_cuvil_store(work / "store", models)
+    store_nobatch = make_cuvil_store(work / "store-nobatch", models, max_batch=1)
+    repo = make_triton_repo(work / "triton-repo", models)
+    results: dict[str, Any] = {
+        "benchmark": "serving",
+        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "machine": {"cpu": _cpu_name(), "cores": os.cpu_count(), "python": platform.python_version(),
+                    "platform": platform.platform()},
+        "method": ("closed loop; N threads in one client process, each its own tritonclient.http client, "
+                   "batch-1 requests with binary tensors, back to back; warm-up excluded; servers on "
+                   "127.0.0.1 sharing the machine's cores with the client"),
+        "versions": _versions(),
+        "models": {},
+    }
+    procs: list[Proc] = []
+    try:
+        cuvil, cuvil_url = start_cuvil(store, work)
+        procs.append(cuvil)
+        nobatch, nobatch_url = start_cuvil(store_nobatch, work)
+        procs.append(nobatch)
+        triton = triton_url = None
+        if not args.no_triton:
+            triton, triton_url = start_triton(repo, work)
+            procs.append(triton)
+        for key, m in models.items():
+            duration = tiny_s if key == "tiny" else effnet_s
+            warm = 50 if key == "tiny" else 5
+            x = np.random.default_rng(0).random((1, *m["shape"]), dtype=np.float32)
+            wait_model_ready(cuvil_url, m["name"], cuvil)
+            wait_model_ready(nobatch_url, m["name"], nobatch)
+            if triton is not None:
+                wait_model_ready(triton_url, m["name"], triton)
+            entry: dict[str, Any] = {"model": m["name"], "input_shape": [1, *m["shape"]], "runs": []}
+            entry["inprocess_ort"] = inprocess_ort(m["path"], x, min(duration, 3.0))
+            canned, canned_url = start_canned(m["classes"], work)
+            procs.append(canned)
+            floor = run_load(canned_url, m["name"], x, 1, min(duration, 3.0), warm)
+            floor.pop("_lat")
+            entry["canned_http_floor"] = floor
+            canned.stop()
+            targets = [("cuvil-edged", cuvil_url, cuvil)]
+            if triton is not None:
+                targets.append(("triton-2.51-python-backend", triton_url, triton))
+            for conc in (1, 8):
+                print(f"[{key}] x{conc}: {', '.join(t[0] for t in targets)} ...", flush=True)
+                merged = interleaved(targets, m["name"], x, conc, 2 * duration, warm, rounds)
+                for label, r in merged.items():
+                    r["server"] = label
+                    entry["runs"].append(r)
+                    print(f"    {label}: {r['throughput_rps']} req/s  p50 {r['p50_ms']} ms  p99 {r['p99_ms']} ms"
+                          f"  (rounds {r['rounds_rps']})", flush=True)
+            # Dynamic batching gain at 16 clients: the same daemon with --max-batch 1 vs batching.
+            merged = interleaved([("batching_off", nobatch_url, nobatch), ("batching_on", cuvil_url, cuvil)],
+                                 m["name"], x, 16, 2 * duration, max(2, warm // 4), rounds)
+            gain: dict[str, Any] = {"concurrency": 16, **merged}
+            gain["throughput_gain"] = round(merged["batching_on"]["throughput_rps"]
+                                            / merged["batching_off"]["throughput_rps"], 3)
+            print(f"[{key}] x16 batching off {merged['batching_off']['throughput_rps']} req/s, on "
+                  f"{merged['batching_on']['throughput_rps']} req/s (mean batch "
+                  f"{merged['batching_on']['mean_batch']})", flush=True)
+            entry["batching_x16"] = gain
+            c1 = next(r for r in entry["runs"] if r["server"] == "cuvil-edged" and r["concurrency"] == 1)
+            entry["overhead_ms_p50_vs_inprocess_ort"] = {
+                "cuvil-edged": round(c1["p50_ms"] - entry["inprocess_ort"]["p50_ms"], 4),
+                "canned_http_floor": round(entry["canned_http_floor"]["p50_ms"], 4),
+            }
+            t1 = next((r for r in entry["runs"] if r["server"].startswith("triton") and r["concurrency"] == 1), None)
+            if t1 is not None:
+                entry["overhead_ms_p50_vs_inprocess_ort"]["triton"] = round(
+                    t1["p50_ms"] - entry["inprocess_ort"]["p50_ms"], 4)
+            results["models"][key] = entry
+    finally:
+        for p in procs:
+            p.stop()
+    results["goals"] = _goals(results)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    from cuvil_edge._atomic import atomic_write_text
+
+    atomic_write_text(args.out, json.dumps(results, indent=2) + "\n")
+    _plot(results, args.out.with_suffix(".png"))
+    shutil.rmtree(work, ignore_errors=True)
+    print(json.dumps(results["goals"], indent=2))
+    print(f"wrote {args.out} and {args.out.with_suffix('.png')}")
+    return 0
+
+
+def _goals(results: dict[str, Any]) -> dict[str, Any]:
+    goals: dict[str, Any] = {}
+    for key, e in results["models"].items():
+        for conc in (1, 8):
+            ours = next((r for r in e["runs"] if r["server"] == "cuvil-edged" and r["concurrency"] == conc), None)
+            theirs = next((r for r in e["runs"] if r["server"].startswith("triton") and r["concurrency"] == conc),
+                          None)
+            if ours and theirs:
+                goals[f"{key}_x{conc}_throughput_ratio_vs_triton"] = round(
+                    ours["throughput_rps"] / theirs["throughput_rps"], 3)
+                goals[f"{key}_x{conc}_p99_ratio_vs_triton"] = round(ours["p99_ms"] / theirs["p99_ms"], 3)
+                goals[f"{key}_x{conc}_met"] = (ours["throughput_rps"] >= theirs["throughput_rps"]
+                                              and ours["p99_ms"] <= theirs["p99_ms"])
+        if key == "tiny":
+            ov = e["overhead_ms_p50_vs_inprocess_ort"]["cuvil-edged"]
+            goals["tiny_overhead_p50_ms"] = ov
+            goals["tiny_overhead_under_0.5ms"] = ov < 0.5
+        goals[f"{key}_batching_gain_x16"] = e["batching_x16"]["throughput_gain"]
+    return goals
+
+
+def _plot(results: dict[str, Any], path: Path) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib missing: no plot")
+        return
+    keys = list(results["models"])
+    fig, axes = plt.subplots(len(keys), 2, figsize=(11, 3.6 * len(keys)), squeeze=False)
+    for row, key in enumerate(keys):
+        e = results["models"][key]
+        labels, thr, p99, colors = [], [], [], []
+        for r in e["runs"]:
+            labels.append(f"{'cuvil' if r['server'] == 'cuvil-edged' else 'triton'}\nx{r['concurrency']}")
+            thr.append(r["throughput_rps"])
+            p99.append(r["p99_ms"])
+            colors.append("tab:green" if r["server"] == "cuvil-edged" else "tab:gray")
+        b = e["batching_x16"]
+        labels += ["cuvil x16\nno batch", "cuvil x16\nbatching"]
+        thr += [b["batching_off"]["throughput_rps"], b["batching_on"]["throughput_rps"]]
+        p99 += [b["batching_off"]["p99_ms"], b["batching_on"]["p99_ms"]]
+        colors += ["tab:olive", "tab:green"]
+        axes[row][0].bar(labels, thr, color=colors)
+        axes[row][0].set_title(f"{e['model']}: requests/s (higher is better)")
+        axes[row][1].bar(labels, p99, color=colors)
+        axes[row][1].set_title(f"{e['model']}: p99 latency, ms (lower is better)")
+        for ax in axes[row]:
+            ax.tick_params(axis="x", labelsize=8)
+    fig.suptitle(f"cuvil-edged vs Triton 2.51 (Python backend + ONNX Runtime), {results['machine']['cores']} "
+                 "CPU cores, binary tensors, batch-1 requests")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor()
+
+
+def _versions() -> dict[str, str]:
+    out = {}
+    for mod in ("onnxruntime", "tritonclient", "numpy"):
+        try:
+            out[mod] = __import__(mod).__version__
+        except Exception:
+            out[mod] = "?"
+    try:
+        from importlib.metadata import version
+
+        out["nvidia-pytriton"] = version("nvidia-pytriton")
+    except Exception:
+        out["nvidia-pytriton"] = "missing"
+    return out
+
+
+if __name__ == "__main__":
+    sys.exit(main())
