@@ -137,7 +137,7 @@ static void test_resize(unsigned avail) {
 
 static void test_quantize(unsigned avail) {
     const size_t vw = g_vb / 4;
-    const size_t ns[] = {0, 1, vw - 1, vw, vw + 1, g_vb - 1, g_vb, g_vb + 1, 4 * g_vb + 3, 1000};
+    const size_t ns[] = {0, 1, vw - 1, vw, vw + 1, g_vb - 1, g_vb, g_vb + 1, 4 * g_vb + 3, 1000, 16 * g_vb + 5};
     for (size_t ni = 0; ni < sizeof ns / sizeof *ns; ++ni)
         for (int per_ch = 0; per_ch < 2; ++per_ch) {
             size_t inner = ns[ni], ch = per_ch ? 3 : 1, outer = per_ch ? 2 : 1, n = outer * ch * inner;
