@@ -25,6 +25,7 @@ from cuvil_edge.daemon.pipeline import Pipeline
 from cuvil_edge.daemon.store import BundleStore, read_manifest_dict
 from cuvil_edge.errors import CuvilEdgeError, DaemonError
 from cuvil_edge.runtime import Backend, BackendOptions, TensorSpec, load_backend
+from cuvil_edge.runtime.buffers import BufferPool
 
 __all__ = ["ModelEntry", "ModelInstance", "ModelRegistry", "UnknownModel"]
 
@@ -50,12 +51,15 @@ class ModelInstance:
         max_depth (int): batches in flight at most.
         inline_us (float): run a request on the event loop when the batcher is idle and a batch-1
             execution takes less than this (0: never).
+        pool (BufferPool | None): reused buffers for concatenated batches. Defaults to none.
     """
 
     def __init__(self, name: str, version: str, bundle_dir: Path, manifest: dict[str, Any],
                  backend: Backend, max_batch_cap: int | None = None, preferred: list[int] | None = None,
-                 max_queue_delay_us: int = 0, max_depth: int = 2, inline_us: float = 0.0) -> None:
+                 max_queue_delay_us: int = 0, max_depth: int = 2, inline_us: float = 0.0,
+                 pool: BufferPool | None = None) -> None:
         self.name = name
+        self.pool = pool
         self.version = version
         self.bundle_dir = bundle_dir
         self.manifest = manifest
@@ -203,10 +207,20 @@ class ModelInstance:
                 wanted = None
                 break
             wanted.update(p.outputs)  # type: ignore[union-attr]
+        borrowed: list[np.ndarray] = []
         if len(ready) == 1:
             feed = ready[0][1]
         else:
-            feed = {name: np.concatenate([f[name] for _, f in ready]) for name in ready[0][1]}
+            feed = {}
+            for name in ready[0][1]:
+                parts = [f[name] for _, f in ready]
+                shape = (sum(a.shape[0] for a in parts), *parts[0].shape[1:])
+                if self.pool is not None:
+                    buf = self.pool.acquire(shape, parts[0].dtype)
+                    borrowed.append(buf)
+                    feed[name] = np.concatenate(parts, out=buf)
+                else:
+                    feed[name] = np.concatenate(parts)
         size = next(iter(feed.values())).shape[0] if self.max_batch else 1
         t1 = time.perf_counter_ns()
         try:
@@ -216,6 +230,10 @@ class ModelInstance:
             for p, _ in ready:
                 p.error = (500, msg)
             return
+        finally:
+            # The runtime has read the inputs (outputs are its own arrays): buffers go back.
+            for buf in borrowed:
+                self.pool.release(buf)  # type: ignore[union-attr]
         t2 = time.perf_counter_ns()
         try:
             out = pipe.postprocess(out, wanted)
@@ -276,13 +294,16 @@ class ModelRegistry:
             raising DaemonError when the model does not fit (memory co-scheduler); None to skip.
         release (Callable | None): ``release(name, version)`` when an instance is retired.
         measured (Callable | None): ``measured(name, version, bytes)`` after a load.
+        pool (BufferPool | None): where batch buffers come from. Defaults to plain allocations.
     """
 
     def __init__(self, store: BundleStore, options: BackendOptions, config: Any,
                  admit: Callable[..., Any] | None = None,
                  release: Callable[[str, str], Any] | None = None,
-                 measured: Callable[[str, str, int], Any] | None = None) -> None:
+                 measured: Callable[[str, str, int], Any] | None = None,
+                 pool: BufferPool | None = None) -> None:
         self.store = store
+        self.pool = pool
         self.options = options
         self.config = config
         self.admit = admit
@@ -400,7 +421,7 @@ class ModelRegistry:
         backend = load_backend(bundle_dir, manifest, self.options)
         inst = ModelInstance(name, ver, bundle_dir, manifest, backend, self.config.max_batch,
                              self.config.preferred_batch, self.config.max_queue_delay_us,
-                             max(1, self.config.max_depth), float(self.config.inline_us))
+                             max(1, self.config.max_depth), float(self.config.inline_us), self.pool)
         estimate = backend.footprint().total
         if self.admit is not None:
             self.admit(name, ver, bundle_dir, manifest, estimate)

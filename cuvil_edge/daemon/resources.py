@@ -12,8 +12,10 @@
 * :class:`~cuvil_edge.daemon.scheduler.PrefetchController` picks the batches in flight per model
   from GPU/EMC utilization, throttling, memory level and the p95 queue delay against the
   model's ``latency_target_ms.p95``.
-* ``sd_notify`` (``READY=1``, ``STATUS=``, ``WATCHDOG=1``, ``STOPPING=1``) through
-  :mod:`cuvil_edge.daemon.systemd` when present, else a built-in datagram sender.
+* ``sd_notify`` (``READY=1``, ``STATUS=``, ``RELOADING=1``, ``STOPPING=1``) and the progress-gated
+  watchdog through :mod:`cuvil_edge.daemon.systemd` (a built-in datagram sender if it is absent).
+* One :class:`~cuvil_edge.runtime.buffers.BufferPool` for batch buffers, placed per the board's
+  policy and accounted by the scheduler (emptied at ``RELEASE_IDLE``).
 
 Everything here degrades: no telemetry means no ladder steps (admission still uses the board's
 RAM), and a failing piece is logged, never fatal to serving.
@@ -31,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from cuvil_edge.errors import CuvilEdgeError, DaemonError
+from cuvil_edge.runtime.buffers import BufferPool, Placement
 
 __all__ = ["Resources"]
 
@@ -89,6 +92,9 @@ class Resources:
         self._last_infer_ns: dict[str, int] = {}
         self.depths: dict[str, int] = {}
         self.busy_pct = 0.0
+        self.watchdog: Any = None
+        # Batch buffers (concatenated inputs) come from one reused pool the scheduler accounts.
+        self.pool = BufferPool(placement=Placement.PAGEABLE)
         usec = os.environ.get("WATCHDOG_USEC")
         # systemd kills at WATCHDOG_USEC without a ping; a batch stuck for half of that stops pings.
         self.stuck_after_s = max(1.0, int(usec) / 2e6) if usec and usec.isdigit() else 60.0
@@ -106,11 +112,10 @@ class Resources:
         try:
             from cuvil_edge.daemon import systemd
 
-            notify = getattr(systemd, "notify", None)
-            if callable(notify):
-                self._notify = notify
+            self._notify = systemd.notify
+            self.watchdog = systemd.Watchdog(stuck_after_s=self.stuck_after_s)
         except ImportError:
-            pass
+            self.watchdog = None
         if cfg.board:
             from cuvil_edge.targets import get_target
 
@@ -118,12 +123,22 @@ class Resources:
                 self.target = get_target(cfg.board)
             except CuvilEdgeError as exc:
                 raise DaemonError(f"--board {cfg.board!r}: {exc}") from exc
+            try:
+                from cuvil_edge.daemon.scheduler import placement_policy
+
+                policy = placement_policy(self.target)
+                # Pinned/mapped buffers need pycuda and a GPU; host_allocator falls back otherwise.
+                self.pool = BufferPool(placement=policy.kind)
+                log.info("I/O placement: %s", policy.reason)
+            except ImportError:
+                pass
         try:
             from cuvil_edge.daemon.scheduler import MemoryScheduler, PressureLevel
         except ImportError as exc:
             log.warning("memory co-scheduler unavailable (%s): loads are not checked against a budget", exc)
         else:
             self.scheduler = MemoryScheduler(target=self.target, reserve_mb=cfg.memory_reserve_mb)
+            self.scheduler.attach_pool(self.pool)
             self.scheduler.on_step(PressureLevel.UNLOAD_LRU, self._unload_lru)
             self.scheduler.on_step(PressureLevel.RELEASE_IDLE, self._release_idle)
         if cfg.telemetry:
@@ -163,6 +178,17 @@ class Resources:
         if self.monitor is not None:
             self.monitor.stop()
             self.monitor = None
+
+    def watchdog_tick(self, oldest_batch_s: float) -> None:
+        """Record serving progress and ping the systemd watchdog when due (see systemd.Watchdog)."""
+        wd = self.watchdog
+        if wd is None:
+            if oldest_batch_s <= self.stuck_after_s:
+                if os.environ.get("WATCHDOG_USEC"):
+                    self.notify("WATCHDOG=1")
+            return
+        wd.progress(oldest_batch_s)
+        wd.tick()
 
     def notify(self, *lines: str) -> None:
         """sd_notify; a no-op outside systemd."""

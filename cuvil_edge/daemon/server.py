@@ -138,7 +138,8 @@ class Server:
         opts = BackendOptions(device=cfg.device, intra_op_threads=cfg.intra_op_threads,
                               max_batch=cfg.max_batch)
         self.registry = ModelRegistry(self.store, opts, cfg, admit=self.resources.admit,
-                                      release=self.resources.release, measured=self.resources.measured)
+                                      release=self.resources.release, measured=self.resources.measured,
+                                      pool=self.resources.pool)
         self.resources.bind(self.registry)
         self.app = App(self.registry, self.state, cfg.token, self.render_metrics,
                        self.resources.pressure if self.resources.has_scheduler else None,
@@ -157,7 +158,8 @@ class Server:
         self.state.phase = "ready"
         loaded = [f"{i.name}:{i.version}" for i in self.registry.instances()]
         log.info("cuvil-edged ready on %s serving %s", ", ".join(self.bound), ", ".join(loaded) or "no models")
-        self.resources.notify("READY=1", f"STATUS=serving {len(loaded)} model(s) on {', '.join(self.bound)}")
+        self.resources.notify("READY=1", f"MAINPID={os.getpid()}",
+                              f"STATUS=serving {len(loaded)} model(s) on {', '.join(self.bound)}")
 
     async def _listen(self, loop: asyncio.AbstractEventLoop) -> None:
         cfg = self.config
@@ -209,6 +211,9 @@ class Server:
             ``unchanged``, or ``failed: ...``).
         """
         assert self.registry is not None
+        self.resources.notify("RELOADING=1",
+                              f"MONOTONIC_USEC={time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000}",
+                              "STATUS=reloading the bundle store")
         done: dict[str, str] = {}
         wanted = set(self.config.models or self.store.names())
         for name in sorted(wanted):
@@ -233,7 +238,7 @@ class Server:
                 await self.registry.unload(name)
                 done[name] = "unloaded"
         log.info("store reload: %s", ", ".join(f"{k} {v}" for k, v in done.items()) or "nothing to do")
-        self.resources.notify(f"STATUS=reloaded: {len(self.registry.instances())} model(s) serving")
+        self.resources.notify("READY=1", f"STATUS=reloaded: {len(self.registry.instances())} model(s) serving")
         return done
 
     # ------------------------------------------------------------------ tick
@@ -254,18 +259,15 @@ class Server:
             conn.sweep(now, self.config.keep_alive, self.config.request_timeout)
         instances = self.registry.instances() if self.registry else []
         self.resources.tick(instances)
-        stuck = False
+        oldest_s = 0.0
         for inst in instances:
             b = inst.batcher
             if b is not None:
                 oldest = b.oldest_running()
-                if oldest is not None and now - oldest > self.resources.stuck_after_s:
-                    stuck = True
-        if not stuck:
-            self.resources.notify("WATCHDOG=1")
-        else:
-            log.warning("a batch has run longer than %.0f s: withholding the watchdog ping",
-                        self.resources.stuck_after_s)
+                if oldest is not None:
+                    oldest_s = max(oldest_s, now - oldest)
+        # This tick ran, so the loop makes progress; a batch stuck too long withholds the ping.
+        self.resources.watchdog_tick(oldest_s)
 
     # ------------------------------------------------------------------ shutdown
 

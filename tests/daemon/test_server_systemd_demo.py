@@ -26,7 +26,7 @@ def test_sd_notify_ready_after_warmup_watchdog_and_stopping(tmp_path, store, dae
     sock.setblocking(False)
     messages: list[tuple[float, str]] = []
     try:
-        d = daemon_factory(store, "--tick", "0.1", env={"NOTIFY_SOCKET": str(path), "WATCHDOG_USEC": "2000000"},
+        d = daemon_factory(store, "--tick", "0.1", env={"NOTIFY_SOCKET": str(path), "WATCHDOG_USEC": "400000"},
                            ready=False)
         deadline = time.monotonic() + 60
         while not any("READY=1" in m for _, m in messages) and time.monotonic() < deadline:
@@ -40,6 +40,15 @@ def test_sd_notify_ready_after_warmup_watchdog_and_stopping(tmp_path, store, dae
         assert d.client().infer("digits", [inp]).as_numpy("logits").shape == (1, 10)
         ready_msg = next(m for _, m in messages if "READY=1" in m)
         assert "STATUS=serving 1 model(s)" in ready_msg
+        # SIGHUP: RELOADING=1 (with MONOTONIC_USEC for Type=notify-reload), then READY=1 again.
+        d.send(signal.SIGHUP)
+        deadline = time.monotonic() + 20
+        while sum("READY=1" in m for _, m in messages) < 2 and time.monotonic() < deadline:
+            _drain(sock, messages)
+            time.sleep(0.02)
+        reload_msgs = [m for _, m in messages if "RELOADING=1" in m]
+        assert reload_msgs and "MONOTONIC_USEC=" in reload_msgs[0]
+        assert sum("READY=1" in m for _, m in messages) == 2
         before = [m for t, m in messages if t < ready_at]
         assert not any("WATCHDOG=1" in m for m in before)
         assert any(m.startswith("STATUS=loading models") for m in before)
