@@ -80,13 +80,10 @@ def run_demo(out_dir: Path, serve: bool = True, requests: int = 200) -> dict[str
     console.rule(f"[bold]cuvil-edge demo[/]: {recipe.name} for {recipe.target}, {recipe.precision}")
     with console.status("building EfficientNet-Lite0 from its ImageNet weights"):
         fp32_path = resolve_model(recipe.model)
-    with console.status("packaging") as status:
-        def say(msg: str) -> None:
-            status.update(msg)
-            if msg.startswith(("warning", "kept", "INT8")):
-                console.print(f"  {msg}", highlight=False)
+    from cuvil_edge._progress import packaging_progress
 
-        result = package(recipe, bundle, key, progress=say)
+    with packaging_progress(console) as (say, bar):
+        result = package(recipe, bundle, key, progress=say, bar=bar)
     manifest = verify_bundle(bundle, pub)
     minisign = shutil.which("minisign")
     store = out_dir / "store"

@@ -84,13 +84,10 @@ def package_cmd(
 
     started = time.perf_counter()
     rec = _recipe(model, recipe, target, precision, calib, eval_data, name, version)
-    with console.status("packaging") as status:
-        def say(msg: str) -> None:
-            status.update(msg)
-            if msg.startswith(("warning", "kept", "INT8", "no evaluation")):
-                console.print(f"  {msg}", highlight=False)
+    from cuvil_edge._progress import packaging_progress
 
-        result = package(rec, out, key, progress=say)
+    with packaging_progress(console) as (say, bar):
+        result = package(rec, out, key, progress=say, bar=bar)
     if as_json:
         print(json.dumps(result.report, indent=2, default=float))
         return
@@ -132,10 +129,12 @@ def quantize_cmd(
         cal, ev = _split_for_evaluation(cal)
     else:
         ev = None
-    with console.status("quantizing") as status:
+    from cuvil_edge._progress import packaging_progress
+
+    with packaging_progress(console) as (say, bar):
         q, info = quantize_model(m, get_target(rec.target), rec.precision, cal, ev,  # type: ignore[arg-type]
                                  rec.postprocess.get("kind", "classification"), rec.accuracy,
-                                 rec.calibration_method, None, status.update)
+                                 rec.calibration_method, None, say, bar)
     atomic_write_bytes(out, q.SerializeToString())
     console.print(f"[green]PASSED[/] wrote {out} ({info['runtime_format']} format)")
 

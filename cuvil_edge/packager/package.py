@@ -31,6 +31,7 @@ __all__ = ["PackageResult", "package", "quantize_model", "resolve_model", "sampl
 
 SAMPLE_SIZE = 4
 Progress = Callable[[str], None]
+Bar = Callable[[str, int, int], None]
 
 
 def resolve_model(source: str | Path) -> Path:
@@ -97,6 +98,7 @@ def quantize_model(
     method: str = "percentile",
     sensitivity: Dataset | None = None,
     progress: Progress | None = None,
+    bar: Bar | None = None,
 ) -> tuple[onnx.ModelProto, dict[str, Any]]:
     """The model in ``precision`` for ``target``'s runtime, with what the search found."""
     say = progress or (lambda msg: None)
@@ -108,7 +110,7 @@ def quantize_model(
     if calibration is None:
         raise DataError(f"precision '{precision}' needs calibration data: pass --calib DIR or set [calibration] data")
     say(f"calibrating on {len(calibration)} samples ({method})")
-    with _quiet(), Quantizer(model, target.runtime_format, calibration, method, progress=say) as q:
+    with _quiet(), Quantizer(model, target.runtime_format, calibration, method, progress=say, bar=bar) as q:
         if precision == "int8":
             return q.quantize(), info
         search = sensitivity or evaluation
@@ -161,6 +163,7 @@ def package(
     out: Path,
     key: Path | None = None,
     progress: Progress | None = None,
+    bar: Bar | None = None,
 ) -> PackageResult:
     """Run the whole pipeline for ``recipe`` and write a signed bundle to ``out``.
 
@@ -218,7 +221,7 @@ def package(
 
     t = time.perf_counter()
     quantized, qinfo = quantize_model(model, target, recipe.precision, calib, evaluation, kind, recipe.accuracy,
-                                      recipe.calibration_method, sensitivity, say)
+                                      recipe.calibration_method, sensitivity, say, bar)
     timings["quantize"] = time.perf_counter() - t
 
     t = time.perf_counter()

@@ -52,14 +52,20 @@ def convert_fp16(model: onnx.ModelProto) -> onnx.ModelProto:
 class _Reader:
     """ONNX Runtime CalibrationDataReader over a Dataset, in batches."""
 
-    def __init__(self, data: Dataset, batch: int = 16) -> None:
+    def __init__(self, data: Dataset, batch: int = 16, on_batch: Callable[[int, int], None] | None = None) -> None:
         self._data = data
         self._batch = batch
+        self._on_batch = on_batch
         self._it: Iterator[dict[str, np.ndarray]] | None = None
 
     def _gen(self) -> Iterator[dict[str, np.ndarray]]:
-        for start in range(0, len(self._data), self._batch):
+        total = len(self._data)
+        for start in range(0, total, self._batch):
+            if self._on_batch is not None:
+                self._on_batch(start, total)
             yield {k: v[start : start + self._batch] for k, v in self._data.inputs.items()}
+        if self._on_batch is not None:
+            self._on_batch(total, total)
 
     def get_next(self) -> dict[str, np.ndarray] | None:
         if self._it is None:
@@ -125,7 +131,8 @@ class Quantizer:
     """
 
     def __init__(self, model: onnx.ModelProto, runtime_format: str, calibration: Dataset, method: str = "percentile",
-                 progress: Callable[[str], None] | None = None) -> None:
+                 progress: Callable[[str], None] | None = None,
+                 bar: Callable[[str, int, int], None] | None = None) -> None:
         if runtime_format not in ("tensorrt", "ort-cpu"):
             raise QuantizationError(f"unknown runtime format '{runtime_format}'")
         self.model = upgrade_opset(model)
@@ -133,6 +140,8 @@ class Quantizer:
         self.calibration = calibration
         self.method = method
         self._progress = progress or (lambda msg: None)
+        self._bar = bar or (lambda task, done, total: None)
+        self._calibrated = False
         self._tmp = tempfile.TemporaryDirectory(prefix="cuvil-quant-")
         self._dir = Path(self._tmp.name)
         self._prepared = self._prepare()
@@ -192,13 +201,16 @@ class Quantizer:
         kwargs = self._options()
         if self._supports_cache:
             kwargs["calibration_cache_path"] = str(self._cache)
+        first = not (self._calibrated and self._supports_cache)
+        reader = _Reader(self.calibration, on_batch=(lambda d, t: self._bar("calibrating", d, t)) if first else None)
         try:
             _quantize_static()(
-                str(self._prepared), str(out), _Reader(self.calibration),
+                str(self._prepared), str(out), reader,
                 nodes_to_exclude=nodes_to_exclude or [], nodes_to_quantize=nodes_to_quantize or [], **kwargs,
             )
         except Exception as exc:  # onnxruntime's quantizer raises assorted untyped errors
             raise QuantizationError(f"quantization failed: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from exc
+        self._calibrated = True
         model = onnx.load(str(out))
         if self.runtime_format == "tensorrt" and not symmetric_zero_points(model):
             raise QuantizationError("quantizer produced a non-zero zero-point; TensorRT needs symmetric Q/DQ")
@@ -235,7 +247,9 @@ class Quantizer:
         sensitivity: dict[str, float] = {}
         for i, (name, nodes) in enumerate(groups.items()):
             self._progress(f"sensitivity {i + 1}/{len(groups)}: {name}")
+            self._bar("layer sensitivity", i, len(groups))
             sensitivity[name] = score(self.quantize(nodes_to_quantize=nodes))[0]
+        self._bar("layer sensitivity", len(groups), len(groups))
         order = sorted(sensitivity, key=lambda k: -sensitivity[k])
         kept: list[str] = []
         model = full

@@ -241,3 +241,46 @@ class TestBadInput:
     def test_missing_data_file(self, tmp_path):
         with pytest.raises(DataError, match="not found"):
             load_dataset(str(tmp_path / "nope"), [InputSpec("input", "float32", ("N", 1, 8, 8))], {"kind": "none"}, 4)
+
+
+class TestBundleContents:
+    def test_orin_bundle_carries_the_aarch64_kernel_library(self, tmp_path, keypair):
+        """cross/build.sh aarch64 (run by scripts/bootstrap.sh) builds it; the bundle must carry it."""
+        out = tmp_path / "d.cvb"
+        package(_digits_recipe(), out, keypair[0])
+        dest = tmp_path / "x"
+        manifest = extract_bundle(out, dest, keypair[1])
+        libs = manifest.plugins.get("linux-aarch64")
+        assert libs == ["plugins/linux-aarch64/libcuvil_sve.so"]
+        header = (dest / libs[0]).read_bytes()[:20]
+        assert header[:4] == b"\x7fELF" and int.from_bytes(header[18:20], "little") == 183  # EM_AARCH64
+
+    def test_host_bundle_has_no_device_plugins(self, tmp_path, keypair):
+        out = tmp_path / "h.cvb"
+        package(_digits_recipe(target="x86-host", precision="fp32"), out, keypair[0])
+        assert verify_bundle(out).plugins == {}
+
+
+class TestMetrics:
+    def test_dense_map_metrics(self):
+        from cuvil_edge.packager.validate import compare_outputs
+
+        ref = np.zeros((2, 1, 4, 4), np.float32)
+        ref[:, :, :2, :] = 0.9  # top half foreground
+        test = ref.copy()
+        test[0, 0, 0, :] = 0.1  # sample 0 loses one of its two foreground rows
+        m = compare_outputs(ref, test, "segmentation")
+        assert m["mask_iou"] == pytest.approx((0.5 + 1.0) / 2)
+        assert m["mae"] == pytest.approx(0.8 * 4 / 32)
+
+    def test_classification_metrics_on_known_logits(self):
+        from cuvil_edge.packager.validate import compare_outputs
+
+        ref = np.array([[10.0, 0, 0, 0, 0, 0], [0.1, 0, 0, 0, 0, 0]], np.float32)
+        test = np.array([[0, 10.0, 0, 0, 0, 0], [0.1, 0, 0, 0, 0, 0]], np.float32)
+        m = compare_outputs(ref, test, "classification", labels=np.array([0, 0]))
+        assert m["top1_agreement"] == 0.5
+        assert m["confident_samples"] == 1 and m["confident_top1_agreement"] == 0.0
+        assert m["top5_containment"] == 1.0  # class 0 is still in the top 5 of the first sample
+        assert m["label_accuracy"] == 0.5 and m["label_accuracy_reference"] == 1.0
+        assert m["mean_kl"] > 1.0
