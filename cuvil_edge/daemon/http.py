@@ -194,6 +194,10 @@ class HttpProtocol(asyncio.Protocol):
                 n = -1
             if n > self.server.max_body:
                 self._reject_too_large(n)
+                return
+        if self._headers.get(b"expect", b"").lower() == b"100-continue" and self.transport is not None:
+            # curl sends this for bodies over 1 KiB and waits a second for the go-ahead.
+            self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
 
     def on_body(self, body: bytes) -> None:
         if self._rejected:

@@ -209,3 +209,56 @@ class TestTransportErrors:
         with socket.create_connection((host, port)):
             pass
         assert daemon.proc.poll() is None
+
+
+class TestHttpDetails:
+    def test_pipelined_requests_answer_in_order(self, daemon, raw):
+        host, port = daemon.host_port
+        req = b"GET /v2/models/digits/ready HTTP/1.1\r\nHost: x\r\n\r\n"
+        meta = b"GET /v2/models/digits HTTP/1.1\r\nHost: x\r\n\r\n"
+        last = b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+        with socket.create_connection((host, port), timeout=10) as s:
+            s.sendall(req + meta + req + last)
+            data = b""
+            while True:  # ends only because the server closes after "Connection: close"
+                chunk = s.recv(65536)
+                if not chunk:
+                    break
+                data += chunk
+        assert data.count(b"HTTP/1.1 200 OK") == 4
+        assert data.index(b'"versions"') > data.index(b"HTTP/1.1 200 OK\r\n")
+
+    def test_expect_100_continue(self, daemon):
+        host, port = daemon.host_port
+        body = _json_body()
+        with socket.create_connection((host, port), timeout=10) as s:
+            s.sendall(b"POST /v2/models/digits/infer HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\n"
+                      b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n")
+            assert s.recv(1024).startswith(b"HTTP/1.1 100 Continue")
+            s.sendall(body)
+            answer = s.recv(65536)
+        assert answer.startswith(b"HTTP/1.1 200 OK")
+
+    def test_gzip_request_body(self, daemon, digits_data):
+        inp = httpclient.InferInput("input", [2, 1, 8, 8], "FP32")
+        inp.set_data_from_numpy(np.ascontiguousarray(digits_data[:2]))
+        r = daemon.client().infer("digits", [inp], request_compression_algorithm="gzip")
+        assert r.as_numpy("logits").shape == (2, 10)
+        status, _, text = _post(daemon, "/v2/models/digits/infer", b"not gzip at all",
+                                {"Content-Encoding": "gzip"})
+        assert status == 400 and "not valid gzip data" in _error(text)
+
+    def test_slow_client_gets_408_and_idle_connections_close(self, store, daemon_factory, digits_data):
+        d = daemon_factory(store, "--request-timeout", "0.5", "--keep-alive", "0.8", "--tick", "0.1")
+        host, port = d.host_port
+        with socket.create_connection((host, port), timeout=10) as s:
+            s.sendall(b"POST /v2/models/digits/infer HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{")
+            answer = s.recv(65536)
+            assert answer.startswith(b"HTTP/1.1 408") and b"not received within 0.5 s" in answer
+        with socket.create_connection((host, port), timeout=10) as s:
+            s.sendall(b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert s.recv(65536).startswith(b"HTTP/1.1 200")
+            t0 = time.monotonic()
+            assert s.recv(65536) == b""  # closed by the idle sweep
+            assert 0.5 < time.monotonic() - t0 < 5
+        _infer_ok(d, digits_data)
