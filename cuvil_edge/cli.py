@@ -79,7 +79,10 @@ _register_all()
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI; user errors become one line and exit 1 instead of a traceback."""
     try:
-        app(args=argv, standalone_mode=False)
+        # In non-standalone mode click returns a typer.Exit's code instead of raising it.
+        rc = app(args=argv, standalone_mode=False)
+        if isinstance(rc, int) and not isinstance(rc, bool):
+            return rc
     except CuvilEdgeError as exc:
         err_console.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
         return 1

@@ -79,3 +79,19 @@ class TestPackageImports:
             assert hasattr(cuvil_edge, name)
         assert issubclass(cuvil_edge.BundleError, CuvilEdgeError)
         assert not issubclass(InternalError, CuvilEdgeError)
+
+
+def test_typer_exit_codes_reach_the_shell():
+    """A command ending in typer.Exit(2) must exit 2, not 0 (non-standalone click returns the code)."""
+    import typer
+
+    from cuvil_edge.cli import app, main
+
+    @app.command("_exit-probe", hidden=True)
+    def _probe() -> None:
+        raise typer.Exit(2)
+
+    try:
+        assert main(["_exit-probe"]) == 2
+    finally:
+        app.registered_commands[:] = [c for c in app.registered_commands if c.name != "_exit-probe"]
