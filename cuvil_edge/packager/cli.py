@@ -108,32 +108,26 @@ def quantize_cmd(
     target: str = typer.Option(..., "--target", help="Board profile; picks TensorRT Q/DQ or ORT CPU form."),
     precision: str = typer.Option("int8", "--precision", help="fp16, int8 or mixed."),
     calib: str = typer.Option(None, "--calib", help="Calibration data."),
-    eval_data: str = typer.Option(None, "--eval", help="Evaluation data (mixed search)."),
     recipe: Path = typer.Option(None, "--recipe", help="Recipe for pre-processing and the accuracy goal."),
 ) -> None:
     """Quantize only: write the model in the target runtime's format, without validation or bundle."""
     from cuvil_edge._atomic import atomic_write_bytes
+    from cuvil_edge._progress import packaging_progress
     from cuvil_edge.cli import console
     from cuvil_edge.packager.data import load_dataset
     from cuvil_edge.packager.load import load_model, model_inputs
-    from cuvil_edge.packager.package import _split_for_evaluation, quantize_model, resolve_model
+    from cuvil_edge.packager.package import quantize_model, resolve_model
     from cuvil_edge.targets import get_target
 
-    rec = _recipe(model, recipe, target, precision, calib, eval_data, None, None)
+    rec = _recipe(model, recipe, target, precision, calib, None, None, None)
     m = load_model(resolve_model(rec.model))
     inputs = model_inputs(m)
-    cal = load_dataset(rec.calibration_data, inputs, rec.preprocess, rec.calibration_samples) if rec.calibration_data else None
-    if rec.evaluation_data:
-        ev = load_dataset(rec.evaluation_data, inputs, rec.preprocess, rec.evaluation_samples, seed=100)
-    elif cal is not None:
-        cal, ev = _split_for_evaluation(cal)
-    else:
-        ev = None
-    from cuvil_edge._progress import packaging_progress
-
+    cal = None
+    if rec.calibration_data:
+        cal = load_dataset(rec.calibration_data, inputs, rec.preprocess, rec.calibration_samples)
+    kind = rec.postprocess.get("kind", "classification")
     with packaging_progress(console) as (say, bar):
-        q, info = quantize_model(m, get_target(rec.target), rec.precision, cal, ev,  # type: ignore[arg-type]
-                                 rec.postprocess.get("kind", "classification"), rec.accuracy,
+        q, info = quantize_model(m, get_target(rec.target), rec.precision, cal, kind, rec.accuracy,
                                  rec.calibration_method, None, say, bar)
     atomic_write_bytes(out, q.SerializeToString())
     console.print(f"[green]PASSED[/] wrote {out} ({info['runtime_format']} format)")

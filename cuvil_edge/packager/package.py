@@ -92,7 +92,6 @@ def quantize_model(
     target: Target,
     precision: str,
     calibration: Dataset | None,
-    evaluation: Dataset,
     kind: str,
     goal: AccuracyGoal,
     method: str = "percentile",
@@ -113,7 +112,7 @@ def quantize_model(
     with _quiet(), Quantizer(model, target.runtime_format, calibration, method, progress=say, bar=bar) as q:
         if precision == "int8":
             return q.quantize(), info
-        search = sensitivity or evaluation
+        search = sensitivity if sensitivity is not None else calibration
         result = q.mixed(search, kind, goal)
     info.update(
         {
@@ -216,15 +215,18 @@ def package(
     else:
         evaluation = _random_data(inputs, 16)
     sensitivity = None
-    if recipe.precision == "mixed" and recipe.calibration_data.startswith("builtin:photos"):
-        # Search on crops calibration did not use, from the calibration photos; the final check
-        # then runs on the evaluation photos, which the search never saw.
-        sensitivity = load_dataset(recipe.calibration_data, inputs, recipe.preprocess, recipe.sensitivity_samples,
-                                   seed=7)
+    if recipe.precision == "mixed" and calib is not None:
+        # The search never looks at the evaluation data, so the final check stays unbiased: it
+        # ranks layers on calibration data (fresh crops of the calibration photos for built-ins).
+        if recipe.calibration_data.startswith("builtin:photos"):
+            sensitivity = load_dataset(recipe.calibration_data, inputs, recipe.preprocess,
+                                       recipe.sensitivity_samples, seed=7)
+        else:
+            sensitivity = calib.slice(0, recipe.sensitivity_samples)
     timings["data"] = time.perf_counter() - t
 
     t = time.perf_counter()
-    quantized, qinfo = quantize_model(model, target, recipe.precision, calib, evaluation, kind, recipe.accuracy,
+    quantized, qinfo = quantize_model(model, target, recipe.precision, calib, kind, recipe.accuracy,
                                       recipe.calibration_method, sensitivity, say, bar)
     timings["quantize"] = time.perf_counter() - t
 
