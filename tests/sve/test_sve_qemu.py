@@ -17,7 +17,8 @@ MODELS = {m.name: m for m in qemu_user.CPU_MODELS}
 OPS = ("normalize", "resize_normalize", "quantize", "dequantize", "softmax_topk", "nms_decode", "nms_suppress")
 KERNEL_RE = re.compile(r"^cuvil_(" + "|".join(OPS) + r")_(f32|f16|s8|s32|u8)_(f32|f16|s8|u8)_(scalar|neon|sve|sve2)$")
 PUBLIC = {"cuvil_abi_version", "cuvil_init_status", "cuvil_init_message", "cuvil_isa_for", "cuvil_isa_available",
-          "cuvil_sve_vector_bytes", "cuvil_select_isa", "cuvil_normalize", "cuvil_resize_normalize",
+          "cuvil_sve_vector_bytes", "cuvil_select_isa", "cuvil_set_threads", "cuvil_get_threads",
+          "cuvil_normalize", "cuvil_resize_normalize",
           "cuvil_quantize", "cuvil_dequantize", "cuvil_softmax_topk", "cuvil_nms"}
 
 

@@ -99,23 +99,18 @@ static inline float cuvil_bits_f32(uint32_t u) {
 }
 
 // float32 -> float16 bits, round to nearest even, as FCVT does (NaN -> quiet 0x7e00 | sign).
-// After F. Giesen, "float_to_half_fast3_rtne" (public domain).
+// After F. Giesen, "float_to_half_fast3_rtne" (public domain), written without branches (all
+// three cases computed, one selected) so compilers vectorize loops that call it.
 static inline uint16_t cuvil_f32_to_f16(float f) {
-    uint32_t u = cuvil_f32_bits(f);
-    uint32_t sign = u & 0x80000000u;
-    uint32_t o;
-    u ^= sign;
-    if (u >= 0x47800000u) {  // >= 65536 (or inf/NaN)
-        o = (u > 0x7f800000u) ? 0x7e00u : 0x7c00u;
-    } else if (u < 0x38800000u) {  // below 2^-14: subnormal half (float add does the rounding)
-        float t = cuvil_bits_f32(u) + cuvil_bits_f32(0x3f000000u);
-        o = cuvil_f32_bits(t) - 0x3f000000u;
-    } else {
-        uint32_t mant_odd = (u >> 13) & 1u;
-        u += 0xc8000fffu;  // rebias exponent (15 - 127) << 23, plus rounding bias
-        u += mant_odd;
-        o = u >> 13;
-    }
+    const uint32_t x = cuvil_f32_bits(f);
+    const uint32_t sign = x & 0x80000000u, u = x ^ sign;
+    // Below 2^-14: subnormal half; adding 0.5 makes the FPU round at the right bit.
+    const uint32_t sub = cuvil_f32_bits(cuvil_bits_f32(u) + cuvil_bits_f32(0x3f000000u)) - 0x3f000000u;
+    // Normal: rebias the exponent ((15 - 127) << 23) and round half to even on bit 13.
+    const uint32_t norm = (u + 0xc8000fffu + ((u >> 13) & 1u)) >> 13;
+    // >= 65536 or inf/NaN.
+    const uint32_t big = u > 0x7f800000u ? 0x7e00u : 0x7c00u;
+    const uint32_t o = u >= 0x47800000u ? big : (u < 0x38800000u ? sub : norm);
     return (uint16_t)(o | (sign >> 16));
 }
 

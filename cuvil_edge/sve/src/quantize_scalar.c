@@ -9,9 +9,10 @@ void cuvil_quantize_s8_f32_scalar(const float *src, int8_t *dst, size_t n, float
         float v = src[i] / scale;
         v = v < -128.0f ? -128.0f : v;
         v = v > 127.0f ? 127.0f : v;
-        // Adding 1.5*2^23 rounds to an integer (nearest even) in the low mantissa bits.
-        uint32_t b = cuvil_f32_bits(v + CUVIL_EXP_MAGIC);
-        dst[i] = (v == v) ? (int8_t)(uint8_t)(b & 0xffu) : 0;
+        v = v == v ? v : 0.0f;  // NaN -> 0
+        // Adding and removing 1.5*2^23 rounds to an integer, half to even (default FP mode).
+        v = (v + CUVIL_EXP_MAGIC) - CUVIL_EXP_MAGIC;
+        dst[i] = (int8_t)(int32_t)v;
     }
 }
 

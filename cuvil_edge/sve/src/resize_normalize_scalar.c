@@ -7,6 +7,7 @@
 
 #define CUVIL_ID(v) (v)
 
+
 #define HLERP_BODY(T, CONV)                                                                        \
     const int sc0 = swap ? 2 : 0, sc2 = swap ? 0 : 2;                                              \
     T *restrict d0 = (T *)dst, *restrict d1 = (T *)((uint8_t *)dst + dst_plane_stride),            \
