@@ -165,6 +165,12 @@ class DeviceOps(Protocol):
     def device_alias(self, host: np.ndarray) -> int:
         """Device pointer of a mapped host array."""
 
+    def pagelocked_alias(self, arr: np.ndarray) -> int | None:
+        """Device pointer of ``arr`` when it lies in mapped page-locked memory, else None."""
+
+    def is_pagelocked(self, arr: np.ndarray) -> bool:
+        """Whether ``arr`` lies in page-locked host memory (async copies straight from it)."""
+
     def alloc_device(self, nbytes: int) -> int:
         """A device allocation; returns its pointer."""
 
@@ -200,6 +206,29 @@ class PyCudaOps:
 
     def device_alias(self, host: np.ndarray) -> int:
         return int(host.base.get_device_pointer())
+
+    def _allocation_root(self, arr: np.ndarray) -> np.ndarray | None:
+        # pagelocked_empty returns an ndarray whose .base is pycuda's PagelockedHostAllocation
+        # (a HostPointer); views chain their .base back to that array.
+        node: Any = arr
+        while isinstance(node, np.ndarray):
+            if isinstance(node.base, self.cuda.HostPointer):
+                return node
+            node = node.base
+        return None
+
+    def pagelocked_alias(self, arr: np.ndarray) -> int | None:
+        root = self._allocation_root(arr)
+        if root is None:
+            return None
+        try:
+            base_ptr = int(root.base.get_device_pointer())
+        except self.cuda.Error:  # page-locked but not mapped
+            return None
+        return base_ptr + (arr.ctypes.data - root.ctypes.data)
+
+    def is_pagelocked(self, arr: np.ndarray) -> bool:
+        return self._allocation_root(arr) is not None
 
     def alloc_device(self, nbytes: int) -> int:
         mem = self.cuda.mem_alloc(max(1, int(nbytes)))
@@ -360,7 +389,8 @@ class IOSlot:
     ``mapped``: one page-locked, device-mapped host array per tensor; the engine reads and
     writes it through its device alias: no copies. ``pinned``: a page-locked host array and a
     device buffer per tensor; inputs are copied in and outputs out on the stream, only the bytes
-    of the actual batch.
+    of the actual batch. Inputs the batcher already assembled in page-locked memory
+    (``BufferPool`` with the same placement) skip the staging copy (:meth:`stage_inputs`).
 
     Args:
         bindings (Sequence[TensorBinding]): the engine's I/O tensors.
@@ -378,6 +408,7 @@ class IOSlot:
         self.stream = stream if stream is not None else ops.new_stream()
         self.host: dict[str, np.ndarray] = {}
         self.device: dict[str, int] = {}
+        self.host_copies = 0
         mapped = placement == Placement.MAPPED
         for b in bindings:
             host = ops.alloc_host(b.max_shape, np.dtype(b.dtype), mapped)
@@ -389,13 +420,15 @@ class IOSlot:
         host = sum(a.nbytes for a in self.host.values())
         return host if self.placement == Placement.MAPPED else 2 * host
 
-    def stage_inputs(self, feed: Mapping[str, np.ndarray]) -> dict[str, tuple[int, ...]]:
-        """Copy the request into the input buffers (and to the device when pinned).
+    def stage_inputs(self, feed: Mapping[str, np.ndarray]) -> dict[str, tuple[tuple[int, ...], int]]:
+        """Make the request's inputs visible to the engine; returns ``{name: (shape, device pointer)}``.
 
-        Arrays smaller than a fixed-batch engine's batch (DLA) are zero-padded. Returns the
-        shape each input is bound with.
+        An input that already lives in page-locked memory of the right kind is used in place:
+        mapped memory is bound through its device alias (no copy at all), pinned memory is copied
+        to the device straight from where it is. Anything else (plain numpy arrays) is first
+        copied into this slot's buffers. ``host_copies`` counts those staging copies.
         """
-        shapes = {}
+        staged = {}
         for name, b in self.bindings.items():
             if not b.is_input:
                 continue
@@ -405,12 +438,22 @@ class IOSlot:
             if arr.ndim != len(b.max_shape) or any(d > m for d, m in zip(arr.shape, b.max_shape)):
                 raise DaemonError(f"input '{name}' shape {list(arr.shape)} exceeds the engine's {list(b.max_shape)}")
             shape = arr.shape
+            if self.placement == Placement.MAPPED:
+                alias = self.ops.pagelocked_alias(arr)
+                if alias is not None:
+                    staged[name] = (shape, alias)
+                    continue
+            elif self.ops.is_pagelocked(arr):
+                self.ops.htod_async(self.device[name], arr, self.stream)
+                staged[name] = (shape, self.device[name])
+                continue
             view = self.host[name].reshape(-1)[: arr.size].reshape(shape)
             np.copyto(view, arr)
-            shapes[name] = shape
+            self.host_copies += 1
             if self.placement == Placement.PINNED:
                 self.ops.htod_async(self.device[name], view, self.stream)
-        return shapes
+            staged[name] = (shape, self.device[name])
+        return staged
 
     def fetch_outputs(self, shapes: Mapping[str, tuple[int, ...]]) -> dict[str, np.ndarray]:
         """Bring the outputs home (device -> host when pinned); call, then synchronize, then read."""
@@ -690,11 +733,11 @@ def run_slot(
     ``execute_async_v3``; the scratch block is bound right before the enqueue and returned to
     the arena only after the stream synchronized.
     """
-    shapes = slot.stage_inputs(feed)
-    for name, shape in shapes.items():
+    staged = slot.stage_inputs(feed)
+    for name, (shape, _ptr) in staged.items():
         ctx.set_input_shape(name, shape)
     for name, ptr in slot.device.items():
-        ctx.set_tensor_address(name, ptr)
+        ctx.set_tensor_address(name, staged[name][1] if name in staged else ptr)
     out_shapes = {b.name: tuple(ctx.get_tensor_shape(b.name)) for b in slot.bindings.values() if not b.is_input}
     grant = arena.acquire() if arena is not None else None
     try:

@@ -45,19 +45,39 @@ class HostDeviceOps:
         self.buffers: dict[int, np.ndarray] = {}
         self.copies: list[tuple[str, int]] = []
         self.freed: list[int] = []
+        self.pagelocked: list[tuple[np.ndarray, bool]] = []  # (allocation, mapped)
+        self._aliases: dict[int, int] = {}
         self._next = 0x1000
 
     def _new_ptr(self, buf: np.ndarray) -> int:
         ptr = self._next
-        self._next += 0x100000
+        self._next += 0x10000000
         self.buffers[ptr] = buf
         return ptr
 
+    def memory(self, ptr: int, nbytes: int) -> np.ndarray:
+        """The bytes at a device pointer (which may point inside an allocation)."""
+        base = max(p for p in self.buffers if p <= ptr)
+        return self.buffers[base][ptr - base: ptr - base + nbytes]
+
     def alloc_host(self, shape, dtype, mapped):
-        return np.zeros(shape, dtype)
+        arr = np.zeros(shape, dtype)
+        self.pagelocked.append((arr, mapped))
+        return arr
 
     def device_alias(self, host):
-        return self._new_ptr(host.reshape(-1).view(np.uint8))
+        if id(host) not in self._aliases:
+            self._aliases[id(host)] = self._new_ptr(host.reshape(-1).view(np.uint8))
+        return self._aliases[id(host)]
+
+    def pagelocked_alias(self, arr):
+        for alloc, mapped in self.pagelocked:
+            if mapped and np.shares_memory(arr, alloc):
+                return self.device_alias(alloc) + (arr.ctypes.data - alloc.ctypes.data)
+        return None
+
+    def is_pagelocked(self, arr):
+        return any(np.shares_memory(arr, alloc) for alloc, _m in self.pagelocked)
 
     def alloc_device(self, nbytes):
         return self._new_ptr(np.zeros(int(nbytes), np.uint8))
@@ -68,12 +88,12 @@ class HostDeviceOps:
 
     def htod_async(self, dst, src, stream):
         raw = np.ascontiguousarray(src).reshape(-1).view(np.uint8)
-        self.buffers[dst][: raw.size] = raw
+        self.memory(dst, raw.size)[:] = raw
         self.copies.append(("htod", raw.size))
 
     def dtoh_async(self, dst, src, stream):
         raw = dst.reshape(-1).view(np.uint8)
-        raw[:] = self.buffers[src][: raw.size]
+        raw[:] = self.memory(src, raw.size)
         self.copies.append(("dtoh", raw.size))
 
     def new_stream(self):
@@ -126,8 +146,8 @@ class DoublingContext:
             self.in_use.add(self.scratch[0])
         time.sleep(self.delay)
         n = int(np.prod(self.shapes["x"]))
-        x = self.ops.buffers[self.addr["x"]][: n * 4].view(np.float32)
-        y = self.ops.buffers[self.addr["y"]][: n * 4].view(np.float32)
+        x = self.ops.memory(self.addr["x"], n * 4).view(np.float32)
+        y = self.ops.memory(self.addr["y"], n * 4).view(np.float32)
         y[:] = 2 * x
         if self.in_use is not None:
             self.in_use.discard(self.scratch[0])
@@ -152,7 +172,7 @@ class TestPlacement:
         ops = HostDeviceOps()
         slot = IOSlot(BINDINGS, Placement.MAPPED, ops)
         # The device pointer aliases the host array: what the engine writes, the host reads.
-        ops.buffers[slot.device["x"]][:4] = np.frombuffer(np.float32(7).tobytes(), np.uint8)
+        ops.memory(slot.device["x"], 4)[:] = np.frombuffer(np.float32(7).tobytes(), np.uint8)
         assert slot.host["x"].reshape(-1)[0] == 7
         out = run_slot(DoublingContext(ops), slot, {"x": np.arange(12, dtype=np.float32).reshape(3, 4)},
                        None, _set_mem)
@@ -170,6 +190,26 @@ class TestPlacement:
         assert ops.copies == [("htod", 3 * 4 * 4), ("dtoh", 3 * 4 * 4), ("sync", 0)]
         slot.release()
         assert len(ops.freed) == 2
+
+    def test_inputs_already_in_page_locked_memory_are_not_staged(self):
+        """The batcher assembling a batch in a BufferPool of the slot's placement saves a copy."""
+        for placement, mapped in ((Placement.MAPPED, True), (Placement.PINNED, False)):
+            ops = HostDeviceOps()
+            slot = IOSlot(BINDINGS, placement, ops)
+            pooled = ops.alloc_host((8, 4), np.dtype(np.float32), mapped)
+            batch = pooled[:3]  # a pool buffer holding 3 requests
+            batch[:] = np.arange(12, dtype=np.float32).reshape(3, 4)
+            ctx = DoublingContext(ops)
+            out = run_slot(ctx, slot, {"x": batch}, None, _set_mem)
+            np.testing.assert_array_equal(out["y"], 2 * batch)
+            assert slot.host_copies == 0
+            if mapped:
+                assert ctx.addr["x"] == ops.pagelocked_alias(batch) != slot.device["x"]
+                assert [c for c in ops.copies if c[0] == "htod"] == []
+            else:
+                assert ctx.addr["x"] == slot.device["x"] and ("htod", 48) in ops.copies
+            run_slot(ctx, slot, {"x": np.ones((3, 4), np.float32)}, None, _set_mem)
+            assert slot.host_copies == 1  # plain numpy input: staged once
 
     def test_bad_input_is_refused(self):
         slot = IOSlot(BINDINGS, Placement.PINNED, HostDeviceOps())
