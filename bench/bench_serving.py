@@ -337,7 +337,10 @@ def interleaved(targets: list[tuple[str, str, Proc]], model: str, x: np.ndarray,
 def inprocess_ort(path: Path, x: np.ndarray, duration: float) -> dict[str, Any]:
     import onnxruntime as ort
 
-    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    # The daemon's session options (no intra-op spinning), so the difference is the serving path.
+    so = ort.SessionOptions()
+    so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    sess = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
     for _ in range(20):
         sess.run(None, {"input": x})
     lat = []

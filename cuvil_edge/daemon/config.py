@@ -62,6 +62,7 @@ class Config:
     max_queue_delay_us: int = 0
     max_depth: int = 2
     inline_us: float = 300.0
+    batch_autotune: bool = True
     warmup: bool = True
     strict: bool = False
     memory_reserve_mb: int | None = None
@@ -109,6 +110,7 @@ OPTIONS: dict[str, tuple[Any, str]] = {
     "max_depth": (int, "largest number of batches in flight per model (the prefetch bound)"),
     "inline_us": (float, "run a request on the event loop when the model is idle and takes less than "
                   "this many microseconds (0: always use the worker threads)"),
+    "batch_autotune": (_bool, "at warm-up, cap dynamic batches at the size with the lowest time per sample"),
     "warmup": (_bool, "run each model on its sample (or zeros) before it serves"),
     "strict": (_bool, "exit 3 when a model fails to load at start"),
     "memory_reserve_mb": (int, "RAM kept free for the system, MiB (default: the scheduler's)"),

@@ -391,6 +391,10 @@ class App:
         if mb and inst.batcher is not None:
             cfg["dynamic_batching"] = {"preferred_batch_size": inst.batcher.preferred,
                                        "max_queue_delay_microseconds": inst.batcher.max_delay_ns // 1000}
+            cfg["parameters"]["cuvil.batch_cap"] = {"string_value": str(inst.batcher.cap)}
+            if inst.batch_profile_us:
+                cfg["parameters"]["cuvil.batch_profile_us_per_sample"] = {
+                    "string_value": json.dumps(inst.batch_profile_us)}
         req.respond(200, json.dumps(cfg).encode())
 
     def _stats(self, req: Request, name: str | None, version: str | None) -> None:
@@ -474,17 +478,55 @@ class App:
         if inst is None:
             self.state.failed_unknown += 1
             return
-        body = req.body
         enc = req.headers.get(b"content-encoding")
-        try:
-            if enc is not None and enc.lower() in (b"gzip", b"deflate"):
-                body = self._decompress(body, enc.lower())
-            doc, arrays, n, outputs, binary_out = decode_infer(
-                body, req.headers.get(b"inference-header-content-length"), inst)
-        except BadRequest as exc:
-            inst.stats.record_request(False, int((time.perf_counter() - req.received) * 1e9))
-            req.error(exc.status, str(exc))
+        hl = req.headers.get(b"inference-header-content-length")
+        big_text = len(req.body) - (int(hl) if hl is not None and hl.isdigit() else 0) > self.OFFLOAD_BYTES
+        if enc is not None or big_text:
+            # Decompressing or parsing a large JSON tensor takes milliseconds: off the event loop,
+            # so other connections keep being served meanwhile.
+            inst.inflight += 1  # keeps the instance from retiring while we decode
+            fut = asyncio.get_running_loop().run_in_executor(None, self._decode, req, inst, enc, hl)
+            fut.add_done_callback(lambda f: self._decoded(req, inst, f))
             return
+        try:
+            decoded = decode_infer(req.body, hl, inst)
+        except BadRequest as exc:
+            self._bad(req, inst, exc)
+            return
+        self._submit(req, inst, decoded)
+
+    OFFLOAD_BYTES = 256 * 1024
+
+    def _decode(self, req: Request, inst: ModelInstance, enc: bytes | None, hl: bytes | None) -> Any:
+        body = req.body
+        if enc is not None:
+            if enc.lower() not in (b"gzip", b"deflate"):
+                raise BadRequest(f"Content-Encoding {enc.decode(errors='replace')!r} is not supported; "
+                                 "use gzip, deflate or none")
+            body = self._decompress(body, enc.lower())
+        return decode_infer(body, hl, inst)
+
+    def _decoded(self, req: Request, inst: ModelInstance, fut: Any) -> None:
+        inst.inflight -= 1
+        if req.cancelled:
+            return
+        exc = fut.exception()
+        if isinstance(exc, BadRequest):
+            self._bad(req, inst, exc)
+        elif exc is not None:
+            log.error("decoding a request failed: %r", exc)
+            inst.stats.record_request(False, int((time.perf_counter() - req.received) * 1e9))
+            req.error(500, f"internal error decoding the request: {type(exc).__name__}: {exc}")
+        else:
+            self._submit(req, inst, fut.result())
+
+    @staticmethod
+    def _bad(req: Request, inst: ModelInstance, exc: BadRequest) -> None:
+        inst.stats.record_request(False, int((time.perf_counter() - req.received) * 1e9))
+        req.error(exc.status, str(exc))
+
+    def _submit(self, req: Request, inst: ModelInstance, decoded: Any) -> None:
+        doc, arrays, n, outputs, binary_out = decoded
         if IMAGE_INPUT in arrays and inst.pipeline is not None and inst.pipeline.image_spec is not None:
             key: Any = IMAGE_INPUT
         else:

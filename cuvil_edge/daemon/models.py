@@ -52,12 +52,14 @@ class ModelInstance:
         inline_us (float): run a request on the event loop when the batcher is idle and a batch-1
             execution takes less than this (0: never).
         pool (BufferPool | None): reused buffers for concatenated batches. Defaults to none.
+        autotune (bool): at warm-up, cap dynamic batches at the size with the lowest time per
+            sample. Defaults to True.
     """
 
     def __init__(self, name: str, version: str, bundle_dir: Path, manifest: dict[str, Any],
                  backend: Backend, max_batch_cap: int | None = None, preferred: list[int] | None = None,
                  max_queue_delay_us: int = 0, max_depth: int = 2, inline_us: float = 0.0,
-                 pool: BufferPool | None = None) -> None:
+                 pool: BufferPool | None = None, autotune: bool = True) -> None:
         self.name = name
         self.pool = pool
         self.version = version
@@ -77,6 +79,9 @@ class ModelInstance:
         self._depth = max_depth
         self.max_batch = 0
         self.inline_us = inline_us
+        self._autotune = autotune
+        self.batch_limit = 0  # most efficient batch size (0: max_batch), set by warm-up
+        self.batch_profile_us: dict[int, float] = {}
         self.single_us: float | None = None  # EWMA of a batch-1 execution, microseconds
         self.input_specs: dict[str, TensorSpec] = {}
         self.output_specs: dict[str, TensorSpec] = {}
@@ -124,6 +129,37 @@ class ModelInstance:
         t0 = time.perf_counter()
         self.backend.infer(one)
         self.single_us = (time.perf_counter() - t0) * 1e6
+        if self.max_batch > 1 and self._autotune:
+            self.batch_limit = self._tune_batch()
+
+    def _tune_batch(self) -> int:
+        """The batch size with the lowest time per sample, measured on zeros.
+
+        Bigger is not always faster: on a CPU, EfficientNet-Lite0 at batch 8 spills its
+        activations out of the caches and costs more per image than at batch 4 or even 1 (measured
+        here: 15.4 vs 12.2 vs 15.2 ms/image). On a GPU the largest batch usually wins and is kept.
+        Sizes within 5% of the best favour the larger (fewer executions per request).
+        """
+        sizes = sorted({1, self.max_batch} | {2 ** k for k in range(1, 8) if 2 ** k < self.max_batch})
+        per_sample: dict[int, float] = {}
+        budget_end = time.perf_counter() + 5.0  # never spend more than ~5 s of load time here
+        for n in sizes:
+            feed = self._zeros(n)
+            self.backend.infer(feed)
+            runs = []
+            for _ in range(3):
+                t0 = time.perf_counter()
+                self.backend.infer(feed)
+                runs.append(time.perf_counter() - t0)
+            per_sample[n] = sorted(runs)[1] / n
+            if time.perf_counter() > budget_end:
+                break
+        best = min(per_sample.values())
+        chosen = max(n for n, t in per_sample.items() if t <= best * 1.05)
+        self.batch_profile_us = {n: round(t * 1e6, 1) for n, t in per_sample.items()}
+        log.info("%s %s: batch %d is the most efficient (us/sample by batch size: %s)", self.name, self.version,
+                 chosen, self.batch_profile_us)
+        return chosen
 
     def _zeros(self, n: int) -> dict[str, np.ndarray]:
         feed = {}
@@ -173,7 +209,13 @@ class ModelInstance:
         depth = max(1, min(self._depth, self.backend.max_concurrency))
         self.batcher = Batcher(f"{self.name}:{self.version}", self.execute, loop, self.max_batch,
                                self._preferred, self._delay, depth)
+        self.batcher.set_cap(self.batch_cap())
         self._update_inline(self.single_us)
+
+    def batch_cap(self, pressure_cap: int | None = None) -> int:
+        """The dynamic batch cap: the tuned efficient size, lowered further by memory pressure."""
+        cap = self.batch_limit or max(1, self.max_batch)
+        return cap if pressure_cap is None else max(1, min(cap, pressure_cap))
 
     def submit(self, p: Pending) -> None:
         """Run or queue a request (loop thread); ``p.deliver`` gets the outcome."""
@@ -421,7 +463,8 @@ class ModelRegistry:
         backend = load_backend(bundle_dir, manifest, self.options)
         inst = ModelInstance(name, ver, bundle_dir, manifest, backend, self.config.max_batch,
                              self.config.preferred_batch, self.config.max_queue_delay_us,
-                             max(1, self.config.max_depth), float(self.config.inline_us), self.pool)
+                             max(1, self.config.max_depth), float(self.config.inline_us), self.pool,
+                             bool(getattr(self.config, "batch_autotune", True)))
         estimate = backend.footprint().total
         if self.admit is not None:
             self.admit(name, ver, bundle_dir, manifest, estimate)

@@ -304,7 +304,7 @@ class Resources:
             if b is None:
                 continue
             if self.scheduler is not None:
-                b.set_cap(self.scheduler.batch_cap(max(1, inst.max_batch)))
+                b.set_cap(inst.batch_cap(self.scheduler.batch_cap(max(1, inst.max_batch))))
             ctl = self.prefetch.get(key)
             if ctl is None:
                 try:

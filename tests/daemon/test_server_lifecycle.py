@@ -176,6 +176,36 @@ class TestSignals:
         assert "SIGTERM: draining" in d.log and "stopped after" in d.log
 
 
+    def test_unload_lets_queued_requests_finish(self, store, daemon_factory, digits_data):
+        # A 1 s queue delay holds three requests in the batcher while the model is unloaded.
+        d = daemon_factory(store, "--max-queue-delay-us", "1000000", "--preferred-batch", "8")
+        results: list[object] = []
+
+        def one() -> None:
+            client = d.client()
+            inp = httpclient.InferInput("input", [1, 1, 8, 8], "FP32")
+            inp.set_data_from_numpy(np.ascontiguousarray(digits_data[:1]))
+            try:
+                results.append(client.infer("digits", [inp]).get_response()["model_version"])
+            except Exception as exc:
+                results.append(exc)
+            finally:
+                client.close()
+
+        threads = [threading.Thread(target=one) for _ in range(3)]
+        for t in threads:
+            t.start()
+        queued = 'cuvil_model_queue_size{model="digits",version="1.0.0"} 3'
+        deadline = time.monotonic() + 10
+        while queued not in _metrics(d) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert _repo(d, "unload", "digits")[0] == 200
+        assert not d.client().is_model_ready("digits")
+        for t in threads:
+            t.join(30)
+        assert results == ["1.0.0"] * 3
+
+
 def _metrics(daemon) -> str:
     conn = http.client.HTTPConnection(*daemon.host_port, timeout=10)
     try:

@@ -42,6 +42,12 @@ class TestHealthAndMetadata:
         assert cfg["max_batch_size"] == 8
         assert cfg["input"][0]["dims"] == [1, 8, 8] and cfg["input"][0]["data_type"] == "TYPE_FP32"
         assert "dynamic_batching" in cfg
+        # Warm-up measured the time per sample by batch size and capped batches at the best one.
+        profile = json.loads(cfg["parameters"]["cuvil.batch_profile_us_per_sample"]["string_value"])
+        assert sorted(int(k) for k in profile) == [1, 2, 4, 8] and all(v > 0 for v in profile.values())
+        best = min(profile.values())
+        cap = int(cfg["parameters"]["cuvil.batch_cap"]["string_value"])
+        assert profile[str(cap)] <= best * 1.05
 
     def test_unknown_model_metadata_is_triton_error(self, daemon):
         with pytest.raises(InferenceServerException, match="Request for unknown model: 'nope'"):
