@@ -158,7 +158,11 @@ def _model_facts(model_path: Path) -> dict[str, Any]:
         n.op_type == "Cast" and any(a.name == "to" and a.i == fp16 for a in n.attribute)
         for n in model.graph.node
     ) or any(vi.type.tensor_type.elem_type == fp16 for vi in list(model.graph.input) + list(model.graph.output))
-    return {"model": model, "has_qdq": bool(ops & {"QuantizeLinear", "DequantizeLinear"}), "has_fp16": has_fp16}
+    from cuvil_edge.trt_plugins import get_plugin, plugin_op_names
+
+    plugins = sorted(get_plugin(op).plugin_id for op in ops & plugin_op_names())
+    return {"model": model, "has_qdq": bool(ops & {"QuantizeLinear", "DequantizeLinear"}), "has_fp16": has_fp16,
+            "plugins": plugins}
 
 
 def _manifest_shapes(manifest: Mapping[str, Any]) -> dict[str, list[int]]:
@@ -311,6 +315,7 @@ def make_build_plan(
         "max_batch": max_batch,
         "profiles": [profile] if profile else [],
         "unresolved_inputs": unresolved,
+        "plugins": facts["plugins"],
         "dla": dla,
         "timing_cache": f"timing_l4t-{release.l4t}_trt-{trt}_sm{target.gpu_sm}.cache",
         "engine_key": key.to_dict(),
@@ -469,6 +474,12 @@ class EngineFromOnnx:
             raise ModelError(f"plan is for TensorRT {plan['tensorrt']} but this machine has {have}: an engine "
                              "only loads where it was built; use the plan for this TensorRT version")
         logger = trt.Logger(trt.Logger.WARNING)
+        if plan.get("plugins"):
+            # The ONNX parser maps a node whose op_type has no importer to the plugin creator of
+            # that name (namespace from the node's plugin_namespace attribute): register ours first.
+            from cuvil_edge.trt_plugins import register_python_plugins
+
+            register_python_plugins()
         builder = trt.Builder(logger)
         flags = 0
         for name in plan["network_flags"]:

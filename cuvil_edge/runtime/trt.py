@@ -504,7 +504,8 @@ class TrtBackend(Backend):
     Args:
         engine_path (Path): the ``.engine`` file.
         options (BackendOptions | None): runtime options; ``extra["streams"]`` sets the number of
-            execution contexts (concurrent batches). Defaults to ``BackendOptions()``.
+            execution contexts (concurrent batches), ``extra["python_plugins"]`` registers the
+            cuvil Python plugins before the engine loads. Defaults to ``BackendOptions()``.
         name (str | None): label for logs. Defaults to the file name.
         ops (DeviceOps | None): device memory operations. Defaults to :class:`PyCudaOps`.
         specs (tuple[list[TensorSpec], list[TensorSpec]] | None): inputs and outputs as the
@@ -593,6 +594,11 @@ class TrtBackend(Backend):
 
     def _activate_engine(self, trt: Any, ops: DeviceOps, integrated: bool) -> None:
         logger = trt.Logger(trt.Logger.WARNING)
+        if self.options.extra.get("python_plugins"):
+            # Engines with cuvil Python plugins need their definitions before deserialization.
+            from cuvil_edge.trt_plugins import register_python_plugins
+
+            register_python_plugins()
         self._runtime = trt.Runtime(logger)
         engine = self._engine = self._runtime.deserialize_cuda_engine(self.engine_path.read_bytes())
         if engine is None:

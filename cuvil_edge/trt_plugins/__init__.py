@@ -17,6 +17,11 @@ Plugins:
     ``float [N, K_in]`` logits -> ``float32 [N, k]`` values and ``int32 [N, k]`` indices, largest
     first (classification post-processing without copying all logits back).
 
+In an ONNX model a plugin is a node whose ``op_type`` is the plugin name, with attributes
+``plugin_namespace="cuvil"`` and ``plugin_version="1"`` (how TensorRT's ONNX parser finds a
+plugin creator for an op it has no importer for) plus the plugin's own attributes. Build plans
+list the plugins a model uses; the builder registers the Python plugins before parsing.
+
 The shape rules are plain Python (:func:`output_shapes`) so they are tested here; the Python
 plugins' descriptor functions and the C++ ``getOutputShapes`` implement the same rules.
 Nothing in this module imports TensorRT.

@@ -194,6 +194,25 @@ class TestPlans:
         assert plan["profiles"] == [{"img": {"min": [1, 3, 480, 640], "opt": [2, 3, 480, 640],
                                              "max": [2, 3, 480, 640]}}]
 
+    def test_plugins_used_by_the_model_are_listed(self, tmp_path, monkeypatch):
+        x = helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["N", 10])
+        vals = helper.make_tensor_value_info("values", TensorProto.FLOAT, ["N", 3])
+        idx = helper.make_tensor_value_info("indices", TensorProto.INT32, ["N", 3])
+        node = helper.make_node("topk", ["logits"], ["values", "indices"], domain="cuvil", k=3,
+                                plugin_namespace="cuvil", plugin_version="1")
+        path = tmp_path / "topk.onnx"
+        onnx.save(helper.make_model(helper.make_graph([node], "p", [x], [vals, idx]),
+                                    opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("cuvil", 1)]),
+                  str(path))
+        plan = make_build_plan(path, {"max_batch": 4}, get_target("orin-nano-8gb"), _release("orin-nano-8gb", "6.2"))
+        assert plan["plugins"] == ["cuvil::topk"]
+        # The builder registers the plugins before parsing; without tensorrt.plugin that fails clearly.
+        from trt_recorder import make_tensorrt
+
+        monkeypatch.setitem(sys.modules, "tensorrt", make_tensorrt("10.3.0")[0])
+        with pytest.raises(ModelError, match=r"tensorrt >= 10.6 with tensorrt.plugin"):
+            EngineFromOnnx(path, plan)()
+
     def test_workspace_bounds(self):
         assert workspace_bytes(get_target("orin-nano-4gb")) == 512 << 20
         assert workspace_bytes(get_target("agx-orin-64gb")) == 4 << 30
