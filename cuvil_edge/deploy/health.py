@@ -4,20 +4,14 @@ The gate passes when, within a timeout, ``/v2/models/{m}/versions/{v}/ready`` an
 inference on ``sample/inputs.npz`` returns outputs within the manifest's ``validation.rtol`` /
 ``validation.atol`` of ``sample/expected.npz``. It speaks KServe v2 JSON over plain HTTP to a
 base URL: from the host that is an SSH port forward to the daemon's loopback port; on the device
-(the Ansible role) it is ``http://127.0.0.1:8000`` directly::
-
-    python -m cuvil_edge.deploy.health --store /var/lib/cuvil-edge --name digits --version 1.0.0
-
-prints a JSON verdict and exits 0 (healthy) or 1.
+(the Ansible role, through ``python -m cuvil_edge.deploy.ondevice health``) it is
+``http://127.0.0.1:8000`` directly.
 """
 
 from __future__ import annotations
 
-import argparse
 import io
 import json
-import os
-import sys
 import time
 import urllib.error
 import urllib.request
@@ -210,44 +204,3 @@ def check_health(
             )
     return HealthResult(True, "", time.monotonic() - start, worst, sorted(expected))
 
-
-def main(argv: list[str] | None = None) -> int:
-    """Device-side health gate for a bundle already in the store (used by the Ansible role)."""
-    p = argparse.ArgumentParser(prog="python -m cuvil_edge.deploy.health", description=main.__doc__)
-    p.add_argument("--store", default="/var/lib/cuvil-edge")
-    p.add_argument("--name", required=True)
-    p.add_argument("--version", default=None, help="defaults to the version 'current' points at")
-    p.add_argument("--url", default="http://127.0.0.1:8000")
-    p.add_argument("--timeout", type=float, default=60.0)
-    p.add_argument("--token", default=os.environ.get("CUVIL_EDGE_DAEMON_TOKEN"))
-    p.add_argument("--load", action="store_true", help="ask the daemon to load the model first")
-    args = p.parse_args(argv)
-    base = os.path.join(args.store, "bundles", args.name)
-    version = args.version or os.path.basename(os.readlink(os.path.join(base, "current")))
-    vdir = os.path.join(base, version)
-    with open(os.path.join(vdir, "manifest.json"), "rb") as f:
-        manifest = json.loads(f.read())
-    val = manifest.get("validation") or {}
-
-    def member(key: str, default: str) -> bytes | None:
-        path = os.path.join(vdir, val.get(key, default))
-        if not os.path.isfile(path):
-            return None
-        with open(path, "rb") as f:
-            return f.read()
-
-    if args.load:
-        err = daemon_load(args.url, args.name, args.timeout, args.token)
-        if err:
-            print(json.dumps({"ok": False, "reason": err, "version": version}))
-            return 1
-    result = check_health(args.url, manifest, member("sample_inputs", "sample/inputs.npz"),
-                          member("sample_expected", "sample/expected.npz"), args.timeout, args.token)
-    out = result.to_dict()
-    out["version"] = version
-    print(json.dumps(out))
-    return 0 if result.ok else 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -9,6 +9,7 @@ of a board we lack.
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -17,7 +18,7 @@ from cuvil_edge.deploy.transport import SSHTransport
 from cuvil_edge.errors import DeployError
 from cuvil_edge.targets import get_target
 
-__all__ = ["DeviceFacts", "IncompatibleDevice", "check_compatible", "parse_dpkg_status",
+__all__ = ["DeviceFacts", "IncompatibleDevice", "check_compatible", "parse_dpkg_status", "probe_local",
            "parse_nv_tegra_release", "probe_device", "profile_from_model"]
 
 
@@ -207,3 +208,35 @@ def check_compatible(manifest: Any, facts: DeviceFacts, label: str = "device") -
             f"{facts.tensorrt}; package for the device's JetPack release or upgrade the device"
         )
     return notes
+
+
+def probe_local(root: str = "/") -> DeviceFacts:
+    """The facts of the machine this runs on (the device side of the Ansible role)."""
+    import platform
+
+    def read(rel: str) -> bytes | None:
+        try:
+            with open(os.path.join(root, rel), "rb") as f:
+                return f.read()
+        except OSError:
+            return None
+
+    raw_arch = read("proc/sys/kernel/arch")
+    arch = raw_arch.decode(errors="replace").strip() if raw_arch and raw_arch.strip() else platform.machine()
+    facts = DeviceFacts(arch="aarch64" if arch == "arm64" else arch)
+    model = read("proc/device-tree/model")
+    if model:
+        facts.model = model.rstrip(b"\x00\n").decode(errors="replace")
+    meminfo = read("proc/meminfo")
+    m = re.search(rb"MemTotal:\s+(\d+)\s*kB", meminfo or b"")
+    if m:
+        facts.ram_mb = int(m.group(1)) // 1024
+    rel = read("etc/nv_tegra_release")
+    if rel:
+        facts.l4t = parse_nv_tegra_release(rel.decode(errors="replace"))
+    status = read("var/lib/dpkg/status")
+    if status:
+        facts.tensorrt = parse_dpkg_status(status.decode(errors="replace"))
+    facts.profile = profile_from_model(facts.model, facts.arch, facts.ram_mb)
+    return facts
+
