@@ -1,8 +1,9 @@
 // resize_normalize_scalar.c: reference bilinear resize fused with normalization, one output row
 // per call (see cuvil_resize_fn in internal.h for the exact arithmetic every ISA follows).
 // Two strategies with identical arithmetic: separable (vertical pass into tmp, interleaved
-// here, then horizontal) when most source columns are used, and direct (both taps of both rows
-// per output pixel, no tmp) when downscaling by more than 2x.
+// here so it vectorizes, then horizontal), and direct (both taps of both rows per output pixel,
+// no tmp) for extreme downscales (> 16x) where most source columns are never read. Measured on
+// x86 (AVX2 clone): separable wins at 1920 -> 640 (0.9 vs 1.45 ms) and 1920 -> 224.
 #include "internal.h"
 
 #define CUVIL_ID(v) (v)
@@ -14,7 +15,7 @@
                 *restrict d2 = (T *)((uint8_t *)dst + 2 * dst_plane_stride);                       \
     const float m0 = mean[0], m1 = mean[1], m2 = mean[2], s0 = inv_std[0], s1 = inv_std[1],        \
                 s2 = inv_std[2];                                                                   \
-    if (2 * nw < x_hi - x_lo) {                                                                    \
+    if (16 * nw < x_hi - x_lo) {                                                                   \
         for (size_t i = 0; i < nw; ++i) {                                                          \
             const uint8_t *a = r0 + 3 * (size_t)xi[i], *b = r1 + 3 * (size_t)xi[i];                \
             const float u = wx0[i], v = wx1[i];                                                    \
