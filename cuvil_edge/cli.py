@@ -13,6 +13,7 @@ import sys
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from cuvil_edge.errors import CuvilEdgeError
@@ -84,19 +85,20 @@ def main(argv: list[str] | None = None) -> int:
         if isinstance(rc, int) and not isinstance(rc, bool):
             return rc
     except CuvilEdgeError as exc:
-        err_console.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
+        # escape(): messages name things like "cuvil-edge[jetson]" that rich would read as markup.
+        err_console.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
         return 1
     except typer.Exit as exc:
         return int(exc.exit_code or 0)
     except typer.Abort:
         err_console.print("aborted")
         return 130
-    except Exception as exc:  # click usage errors arrive here in standalone_mode=False
-        import click
-
-        if isinstance(exc, click.ClickException):
-            exc.show()
-            return exc.exit_code
+    except Exception as exc:
+        # Usage errors are click exceptions; typer may vendor click (typer._click), so match by shape.
+        show, code = getattr(exc, "show", None), getattr(exc, "exit_code", None)
+        if callable(show) and isinstance(code, int):
+            show()
+            return code
         raise
     return 0
 

@@ -95,3 +95,33 @@ def test_typer_exit_codes_reach_the_shell():
         assert main(["_exit-probe"]) == 2
     finally:
         app.registered_commands[:] = [c for c in app.registered_commands if c.name != "_exit-probe"]
+
+
+def test_usage_error_exits_2_without_traceback(cli):
+    r = cli("targets", "--no-such-flag")
+    assert r.returncode == 2
+    assert "Traceback" not in r.stderr and "No such option" in r.stderr
+
+
+def test_error_text_with_brackets_survives():
+    """Messages like 'pip install cuvil-edge[jetson]' must print verbatim, not as rich markup."""
+    import contextlib
+    import io
+
+    from cuvil_edge import cli as cli_mod
+    from cuvil_edge.errors import ModelError
+
+    @cli_mod.app.command("_bracket-probe", hidden=True)
+    def _probe() -> None:
+        raise ModelError("needs: pip install cuvil-edge[jetson]")
+
+    buf = io.StringIO()
+    old = cli_mod.err_console.file
+    cli_mod.err_console.file = buf
+    try:
+        with contextlib.redirect_stderr(buf):
+            assert cli_mod.main(["_bracket-probe"]) == 1
+    finally:
+        cli_mod.err_console.file = old
+        cli_mod.app.registered_commands[:] = [c for c in cli_mod.app.registered_commands if c.name != "_bracket-probe"]
+    assert "cuvil-edge[jetson]" in buf.getvalue()
