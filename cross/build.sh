@@ -2,7 +2,7 @@
 # Build libcuvil_sve and its self-test.
 #   cross/build.sh host      -> build/host/{libcuvil_sve.so,cuvil_sve_selftest}, copied into
 #                               cuvil_edge/sve/_lib/linux-<machine>/ so the package imports it
-#   cross/build.sh aarch64   -> build/aarch64/{libcuvil_sve.so,cuvil_sve_selftest} (Debian's
+#   cross/build.sh aarch64   -> build/aarch64/{libcuvil_sve.so,cuvil_sve_selftest,cuvil_sve_bench} (Debian's
 #                               aarch64-linux-gnu cross gcc), copied into cuvil_edge/sve/_lib/linux-aarch64/
 # Installs missing Debian packages when run as root. Idempotent and quiet: skips the build
 # when sources and flags are unchanged; prints the compiler log only on failure.
@@ -49,7 +49,7 @@ sum=$(cd "$root" && find cross/build.sh cross/aarch64-linux-gnu.toolchain.cmake 
 stamp="$bdir/.cuvil-build-stamp"
 dest="$src/_lib/$plat"
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$sum" ] && [ -f "$bdir/libcuvil_sve.so" ] \
-   && [ -f "$bdir/cuvil_sve_selftest" ] && cmp -s "$bdir/libcuvil_sve.so" "$dest/libcuvil_sve.so"; then
+   && [ -f "$bdir/cuvil_sve_selftest" ] && [ -f "$bdir/cuvil_sve_bench" ] && cmp -s "$bdir/libcuvil_sve.so" "$dest/libcuvil_sve.so"; then
   exit 0
 fi
 
@@ -62,7 +62,9 @@ if ! { cmake -S "$src" -B "$bdir/cmake" -DCMAKE_BUILD_TYPE=Release "${cmake_args
   exit 1
 fi
 cp "$bdir/cmake/libcuvil_sve.so" "$bdir/libcuvil_sve.so.tmp" && mv "$bdir/libcuvil_sve.so.tmp" "$bdir/libcuvil_sve.so"
-cp "$bdir/cmake/cuvil_sve_selftest" "$bdir/cuvil_sve_selftest.tmp" && mv "$bdir/cuvil_sve_selftest.tmp" "$bdir/cuvil_sve_selftest"
+for exe in cuvil_sve_selftest cuvil_sve_bench; do
+  cp "$bdir/cmake/$exe" "$bdir/$exe.tmp" && mv "$bdir/$exe.tmp" "$bdir/$exe"
+done
 mkdir -p "$dest"
 cp "$bdir/libcuvil_sve.so" "$dest/libcuvil_sve.so.tmp" && mv "$dest/libcuvil_sve.so.tmp" "$dest/libcuvil_sve.so"
 echo "$sum" >"$stamp"
