@@ -388,7 +388,7 @@ def main(argv: list[str] | None = None) -> int:
         "benchmark": "serving",
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "machine": {"cpu": _cpu_name(), "cores": os.cpu_count(), "python": platform.python_version(),
-                    "platform": platform.platform()},
+                    "platform": platform.platform(), "load_average_at_start": list(os.getloadavg())},
         "method": ("closed loop; N threads in one client process, each its own tritonclient.http client, "
                    "batch-1 requests with binary tensors, back to back; warm-up excluded; servers on "
                    "127.0.0.1 sharing the machine's cores with the client"),
@@ -455,6 +455,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         for p in procs:
             p.stop()
+    results["machine"]["load_average_at_end"] = list(os.getloadavg())
     results["goals"] = _goals(results)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     from cuvil_edge._atomic import atomic_write_text

@@ -179,11 +179,15 @@ class Batcher:
         fitting = [p for p in self.preferred if p <= cap]
         return fitting[-1] if fitting else cap
 
-    def _take(self) -> list[Pending]:
-        """Pop the next batch (lock held): oldest request plus compatible ones up to the cap."""
+    def _take(self, dropped: list[Pending]) -> list[Pending]:
+        """Pop the next batch (lock held): oldest request plus compatible ones up to the cap.
+
+        Requests whose client went away are moved to ``dropped`` (still delivered, so the owner's
+        bookkeeping sees them) instead of being run.
+        """
         q = self._queue
         while q and q[0].cancelled:
-            q.popleft()
+            dropped.append(q.popleft())
         if not q:
             return []
         first = q.popleft()
@@ -198,6 +202,7 @@ class Batcher:
         while q and size < cap:
             p = q.popleft()
             if p.cancelled:
+                dropped.append(p)
                 continue
             if p.key == first.key and size + p.n <= cap:
                 batch.append(p)
@@ -232,7 +237,13 @@ class Batcher:
                         cond.wait((deadline - now) / 1e9)
                     if not self._queue:
                         continue
-                batch = self._take()
+                dropped: list[Pending] = []
+                batch = self._take(dropped)
+                if dropped:
+                    try:
+                        self.loop.call_soon_threadsafe(_deliver_all, dropped)
+                    except RuntimeError:  # loop closed during shutdown
+                        return
                 if not batch:
                     continue
                 self._active += 1

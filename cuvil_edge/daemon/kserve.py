@@ -325,7 +325,7 @@ class App:
 
     @staticmethod
     def _get_only(req: Request) -> bool:
-        if req.method not in (b"GET", b"HEAD"):
+        if req.method != b"GET":
             req.error(405, f"use GET for {req.path}")
             return False
         return True

@@ -68,6 +68,9 @@ class ServerState:
     def on_client_gone(self, req: Any) -> None:
         self.inflight -= 1
         self.client_gone += 1
+        pending = getattr(req, "state", None)
+        if pending is not None and hasattr(pending, "cancelled"):
+            pending.cancelled = True  # the batcher skips it if it has not run yet
 
     def on_protocol_error(self, status: int) -> None:
         self.protocol_errors += 1

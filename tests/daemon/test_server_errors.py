@@ -262,3 +262,35 @@ class TestHttpDetails:
             assert s.recv(65536) == b""  # closed by the idle sweep
             assert 0.5 < time.monotonic() - t0 < 5
         _infer_ok(d, digits_data)
+
+
+def test_abandoned_queued_requests_are_skipped(store, daemon_factory, raw, digits_data):
+    """Requests whose clients left while they waited for a batch never run, and are accounted."""
+    d = daemon_factory(store, "--max-queue-delay-us", "1500000", "--preferred-batch", "8")
+    host, port = d.host_port
+    body = _json_body()
+    head = (f"POST /v2/models/digits/infer HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n\r\n").encode()
+    for _ in range(3):
+        raw(host, port, head + body, read=False)
+    labels = '{model="digits",version="1.0.0"}'
+
+    def metric(name: str) -> float:
+        conn = http.client.HTTPConnection(host, port, timeout=10)
+        conn.request("GET", "/metrics")
+        text = conn.getresponse().read().decode()
+        conn.close()
+        for line in text.splitlines():
+            if line.startswith(name + " ") or line.startswith(name + "{"):
+                return float(line.rpartition(" ")[2])
+        raise AssertionError(f"{name} missing")
+
+    deadline = time.monotonic() + 10
+    while metric(f"cuvil_inference_cancelled_total{labels}") < 3 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert metric(f"cuvil_inference_cancelled_total{labels}") == 3
+    assert metric("cuvil_http_client_gone_total") == 3
+    assert metric(f"nv_inference_exec_count{labels}") == 0
+    # Nothing is left holding the model: it unloads (retires) and loads again.
+    assert _post(d, "/v2/repository/models/digits/unload", b"")[0] == 200
+    assert _post(d, "/v2/repository/models/digits/load", b"")[0] == 200
+    _infer_ok(d, digits_data)
