@@ -309,6 +309,29 @@ def _summary(lat: np.ndarray, wall: float, concurrency: int, errors: int) -> dic
     }
 
 
+def tree_cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) used so far by ``pid`` and its live descendants (Triton's Python
+    backend stubs are child processes)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    parents: dict[int, int] = {}
+    times: dict[int, float] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rpartition(")")[2].split()
+        except OSError:
+            continue
+        parents[int(entry.name)] = int(fields[1])
+        times[int(entry.name)] = (int(fields[11]) + int(fields[12])) / tick
+    total, todo = 0.0, [pid]
+    while todo:
+        p = todo.pop()
+        total += times.get(p, 0.0)
+        todo.extend(c for c, pp in parents.items() if pp == p)
+    return total
+
+
 def interleaved(targets: list[tuple[str, str, Proc]], model: str, x: np.ndarray, concurrency: int,
                 duration: float, warmup: int, rounds: int) -> dict[str, dict[str, Any]]:
     """Run each target ``rounds`` times in turn (A B A B ...), so drifting background load hits all
@@ -316,8 +339,12 @@ def interleaved(targets: list[tuple[str, str, Proc]], model: str, x: np.ndarray,
     parts: dict[str, list[dict[str, Any]]] = {label: [] for label, _, _ in targets}
     for rnd in range(rounds):
         for label, url, _proc in targets:
+            if rnd == 0 and warmup:
+                run_load(url, model, x, concurrency, 0.0, warmup)
             before = server_stats(url, model)
-            r = run_load(url, model, x, concurrency, duration / rounds, warmup if rnd == 0 else 0)
+            cpu0 = tree_cpu_s(_proc.proc.pid)
+            r = run_load(url, model, x, concurrency, duration / rounds, 0)
+            r["_cpu"] = tree_cpu_s(_proc.proc.pid) - cpu0
             after = server_stats(url, model)
             r["_execs"] = after["execution_count"] - before["execution_count"]
             r["_infs"] = after["inference_count"] - before["inference_count"]
@@ -330,6 +357,8 @@ def interleaved(targets: list[tuple[str, str, Proc]], model: str, x: np.ndarray,
         execs, infs = sum(r["_execs"] for r in runs), sum(r["_infs"] for r in runs)
         merged["mean_batch"] = round(infs / execs, 3) if execs else None
         merged["rounds_rps"] = [r["throughput_rps"] for r in runs]
+        # Server CPU per request (all its processes): robust to the machine's other load.
+        merged["server_cpu_ms_per_request"] = round(1e3 * sum(r["_cpu"] for r in runs) / max(1, merged["requests"]), 4)
         out[label] = merged
     return out
 
@@ -431,7 +460,8 @@ def main(argv: list[str] | None = None) -> int:
                     r["server"] = label
                     entry["runs"].append(r)
                     print(f"    {label}: {r['throughput_rps']} req/s  p50 {r['p50_ms']} ms  p99 {r['p99_ms']} ms"
-                          f"  (rounds {r['rounds_rps']})", flush=True)
+                          f"  server CPU {r['server_cpu_ms_per_request']} ms/req  (rounds {r['rounds_rps']})",
+                          flush=True)
             # Dynamic batching gain at 16 clients: the same daemon with --max-batch 1 vs batching.
             merged = interleaved([("batching_off", nobatch_url, nobatch), ("batching_on", cuvil_url, cuvil)],
                                  m["name"], x, 16, 2 * duration, max(2, warm // 4), rounds)
@@ -481,6 +511,8 @@ def _goals(results: dict[str, Any]) -> dict[str, Any]:
                 goals[f"{key}_x{conc}_p99_ratio_vs_triton"] = round(ours["p99_ms"] / theirs["p99_ms"], 3)
                 goals[f"{key}_x{conc}_met"] = (ours["throughput_rps"] >= theirs["throughput_rps"]
                                               and ours["p99_ms"] <= theirs["p99_ms"])
+                goals[f"{key}_x{conc}_server_cpu_ms_per_request"] = {
+                    "cuvil-edged": ours["server_cpu_ms_per_request"], "triton": theirs["server_cpu_ms_per_request"]}
         if key == "tiny":
             ov = e["overhead_ms_p50_vs_inprocess_ort"]["cuvil-edged"]
             goals["tiny_overhead_p50_ms"] = ov

@@ -367,3 +367,28 @@ def test_store_layout_helpers(tmp_path: Path, digits_model, bundle_maker):
     assert bs.path("digits").name == "1.1.0" and bs.versions("digits") == ["1.0.0", "1.1.0"]
     with pytest.raises(DaemonError, match="invalid model name"):
         bs.path("../etc")
+
+
+def test_cli_help_and_option_precedence(tmp_path):
+    import subprocess
+    import sys
+
+    from cuvil_edge.daemon.config import OPTIONS, load
+    from cuvil_edge.errors import DaemonError
+
+    out = subprocess.run([sys.executable, "-m", "cuvil_edge.daemon.main", "--help"], capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 0
+    for name in OPTIONS:
+        assert "--" + name.replace("_", "-") in out.stdout
+        assert "CUVIL_EDGED_" + name.upper() in out.stdout
+    cfg = load(["--port", "9001"], {"CUVIL_EDGED_PORT": "9002", "CUVIL_EDGED_HOST": "127.0.0.2",
+                                    "CUVIL_EDGED_PREFERRED_BATCH": "2,4", "CUVIL_EDGED_WARMUP": "false"})
+    assert (cfg.port, cfg.host, cfg.preferred_batch, cfg.warmup) == (9001, "127.0.0.2", [2, 4], False)
+    token = tmp_path / "token"
+    token.write_text("abc\n")
+    assert load(["--token-file", str(token)], {}).token == "abc"
+    with pytest.raises(DaemonError, match="CUVIL_EDGED_PORT='x'"):
+        load([], {"CUVIL_EDGED_PORT": "x"})
+    with pytest.raises(DaemonError, match="--max-depth 0"):
+        load(["--max-depth", "0"], {})
