@@ -26,12 +26,57 @@ def run(ctl: PrefetchController, n: int, **kw) -> list[int]:
     return [ctl.update(sample, **kw) for _ in range(n)]
 
 
+def world(ctl: PrefetchController, n: int, fps, queue_ms=lambda d: 5.0, **kw) -> list[int]:
+    """Drive ``ctl`` for ``n`` samples against a pipeline whose completed throughput and queue delay
+    are functions of the depth the controller chose (a toy, deterministic world)."""
+    sample = kw.pop("sample", None) or s()
+    depths = []
+    for _ in range(n):
+        d = ctl.depth
+        depths.append(ctl.update(sample, queue_ms(d), 100, completed_per_s=fps(d), **kw))
+    return depths
+
+
 class TestDeeper:
     def test_goes_deeper_while_gpu_under_target_and_blocked(self) -> None:
         ctl = PrefetchController(1, 8)
-        depths = run(ctl, 60, queue_delay_p95_ms=5, latency_target_ms=100, depth_blocked_pct=50)
+        depths = world(ctl, 120, fps=lambda d: 10.0 * d, depth_blocked_pct=50)
         assert depths[-1] == 8 and depths == sorted(depths)
-        assert ctl.direction_changes == 0
+        assert ctl.direction_changes == 0 and ctl.trials == ctl.trials_kept == 6
+
+    def test_stops_at_the_knee(self) -> None:
+        """Throughput grows up to depth 4 and is flat beyond: the controller tries 5 once, steps back
+        and sits at 4 (the shallowest depth within gain_min of the best), re-trying 5 rarely."""
+        ctl = PrefetchController(1, 8)
+        depths = world(ctl, 400, fps=lambda d: 10.0 * min(d, 4), depth_blocked_pct=50)
+        assert max(depths) == 5 and depths[-1] == 4
+        assert sum(1 for d in depths if d == 5) < 0.1 * len(depths)
+        trials_of_5 = sum(1 for a, b in zip(depths, depths[1:]) if b == 5 > a)
+        assert 1 <= trials_of_5 <= 4  # the ceiling's lifetime doubles each time 5 buys nothing
+        assert "depth 5 bought too little over 4" in "".join(x.reason for x in ctl.decisions)
+
+    def test_a_small_gain_is_not_worth_a_slot(self) -> None:
+        ctl = PrefetchController(1, 8)
+        depths = world(ctl, 200, fps=lambda d: 100.0 + 2.0 * d, depth_blocked_pct=50)  # +2% per step
+        assert depths[-1] == 2 and max(depths) == 3
+
+    def test_a_step_that_lowers_queue_delay_is_kept(self) -> None:
+        ctl = PrefetchController(1, 8, initial_depth=1)
+        depths = world(ctl, 200, fps=lambda d: 60.0, queue_ms=lambda d: {1: 24.0, 2: 8.0}.get(d, 7.5),
+                       depth_blocked_pct=50)
+        assert depths[-1] == 2 and max(depths) == 3
+
+    def test_not_deeper_when_a_prepared_batch_already_waits_for_the_device(self) -> None:
+        # Double buffering works (a ready batch waits ~one execution): a third slot adds only waiting.
+        ctl = PrefetchController(1, 8)
+        depths = run(ctl, 40, sample=s(gpu=80), queue_delay_p95_ms=50, latency_target_ms=400,
+                     depth_blocked_pct=100, prefetch_wait_p95_ms=19.0, exec_ms=20.0)
+        assert set(depths) == {2}
+        # The same with a starving device (batches start the moment they are ready): deeper.
+        ctl = PrefetchController(1, 8)
+        depths = run(ctl, 5, sample=s(gpu=80), queue_delay_p95_ms=50, latency_target_ms=400,
+                     depth_blocked_pct=100, prefetch_wait_p95_ms=0.0, exec_ms=20.0)
+        assert depths[-1] == 3
 
     def test_patience_one_step_at_a_time(self) -> None:
         ctl = PrefetchController(1, 8, initial_depth=2)
@@ -120,22 +165,38 @@ class TestHysteresis:
             # GPU hovers around the target; EMC and queue noisy but comfortable.
             sample = s(gpu=min(100, max(0, rng.gauss(95, 4))), emc=rng.gauss(50, 10), t=float(i))
             depths.append(ctl.update(sample, rng.uniform(5, 45), 100, depth_blocked_pct=rng.uniform(0, 40)))
-        assert ctl.direction_changes <= 6, depths
+        # Deeper buys nothing here: every trial is stepped back from (noise is not a gain) ...
+        assert ctl.trials >= 1 and ctl.trials_kept == 0
+        assert all(d in (2, 3) for d in depths)
+        # ... and the same edge is re-tried less and less often (its ceiling lifetime doubles).
+        ups = [i for i, (a, b) in enumerate(zip(depths, depths[1:])) if b > a]
+        gaps = [b - a for a, b in zip(ups, ups[1:])]
+        assert all(g >= ctl.ceiling_ttl * 2**k for k, g in enumerate(gaps)) and len(ups) <= 5, depths
+        assert ctl.direction_changes <= 2 * len(ups)
         assert len(set(depths[-200:])) <= 2
 
     def test_edge_is_not_probed_again_and_again(self) -> None:
-        """Depth 5 hurts (queue over target), depth 4 is fine: the controller settles at 4."""
+        """Each depth up to 4 buys throughput, depth 5 puts the queue over target (depth to blame):
+        the controller settles at 4 and re-tests 5 less and less often."""
         ctl = PrefetchController(1, 8, initial_depth=4)
         depths = []
         for i in range(300):
             d = ctl.depth
             q = 150 if d >= 5 else 20
-            depths.append(ctl.update(s(gpu=80, t=float(i)), q, 100, depth_blocked_pct=50,
-                                     prefetch_wait_p95_ms=3 * q, exec_ms=20))
+            depths.append(ctl.update(s(gpu=80, t=float(i)), q, 100, depth_blocked_pct=50, completed_per_s=10.0 * d,
+                                     prefetch_wait_p95_ms=32.0 if d >= 5 else 2.0, exec_ms=20))
         probes = sum(1 for a, b in zip(depths, depths[1:]) if b >= 5 > a)
         assert 1 <= probes <= 4  # the edge is re-tested, less and less often (ceiling lifetime doubles)
         assert sum(1 for d in depths if d >= 5) < 0.03 * len(depths)
-        assert depths[-1] == 4
+        assert depths[-1] == 4 and min(depths) == 4
+
+    def test_queue_over_target_cuts_to_the_depth_that_keeps_one_batch_waiting(self) -> None:
+        # Depth 8, a prepared batch waits ~7 executions: 2 slots keep the device fed (shrink fast).
+        ctl = PrefetchController(1, 8, initial_depth=8)
+        assert ctl.update(s(gpu=99), 900, 400, prefetch_wait_p95_ms=7.0 * 100, exec_ms=100) == 2
+        # Without the prefetch wait the cut halves.
+        ctl = PrefetchController(1, 8, initial_depth=8)
+        assert ctl.update(s(gpu=99), 900, 400) == 4
 
 
 class TestLogAndMetrics:

@@ -11,11 +11,26 @@ follows the issue's rules:
   GPU clock pulled down while busy, input power at its limit) or the p95 queue delay threatens the
   model's p95 latency target.
 
+Depth only pays while it buys something, so going deeper is a *trial* judged on measurement (a
+hill climb that stops at the knee of the throughput-vs-depth curve):
+
+* it is tried only when the device starves for prepared batches (``prefetch_wait_p95_ms`` small
+  against ``exec_ms``) while requests wait for a free slot; when a prepared batch already waits for
+  the device, one more slot can only add a batch to that wait (latency and memory, no throughput);
+* after ``dwell`` samples at the new depth the controller compares the completed throughput
+  (``completed_per_s``; the daemon's own device occupancy when not given) and the queue delay with
+  those just before the step. Unless throughput rose by ``gain_min`` or the queue delay fell by
+  ``queue_gain``, it steps back: the shallowest depth within tolerance of the best is kept, and the
+  depth that bought nothing is off limits for a while (the same ceiling as after a cut).
+
 Against noisy samples it smooths inputs with an EWMA, asks for ``patience_up`` agreeing samples
-before going deeper (additive increase, one step) but cuts at once on a hard signal
-(multiplicative decrease, halving), waits ``cooldown`` samples after any change, and after a cut
-remembers the depth that hurt as a ceiling for ``ceiling_ttl`` samples (doubled, up to 8x, each
-time the same edge hurts again) so it does not probe the same edge again and again. Every decision is logged with its inputs and kept in
+before going deeper (additive increase, one step) but cuts at once on a hard signal. A queue delay
+over the target that depth causes is cut straight to the depth that leaves one prepared batch
+waiting for the device (``prefetch_wait_p95_ms`` / ``exec_ms`` says how many wait), halving when
+that is unknown; memory pressure halves. It waits ``cooldown`` samples after any change, and after a
+cut (or a trial that bought nothing) remembers the depth as a ceiling for ``ceiling_ttl`` samples
+(doubled, up to 8x, each time the same edge is hit again) so it does not probe the same edge again
+and again. Every decision is logged with its inputs and kept in
 :attr:`PrefetchController.decisions`; :meth:`PrefetchController.snapshot` feeds ``/metrics``.
 """
 
@@ -23,6 +38,7 @@ from __future__ import annotations
 
 import logging
 import math
+import statistics
 from collections import deque
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -90,6 +106,12 @@ class PrefetchController:
         patience_down (int): agreeing samples needed for a soft cut (one step). Defaults to 2.
         cooldown (int): samples to wait after any change. Defaults to 2.
         ceiling_ttl (int): samples a depth that caused a cut stays off limits. Defaults to 30.
+        gain_min (float): fraction by which a deeper step must raise completed throughput to be
+            kept. Defaults to 0.05 (the shallowest depth within 5% of the best is kept).
+        queue_gain (float): fraction by which a deeper step may instead lower the p95 queue delay
+            to be kept. Defaults to 0.25.
+        dwell (int): samples at a new depth before the trial is judged (the first two are left
+            out: the pipeline is still filling). Defaults to 8.
         initial_depth (int | None): starting depth. Defaults to ``min(2, max_depth)`` clamped.
         history (int): decisions kept in :attr:`decisions`. Defaults to 256.
     """
@@ -113,6 +135,9 @@ class PrefetchController:
         patience_down: int = 2,
         cooldown: int = 2,
         ceiling_ttl: int = 30,
+        gain_min: float = 0.05,
+        queue_gain: float = 0.25,
+        dwell: int = 8,
         initial_depth: int | None = None,
         history: int = 256,
     ) -> None:
@@ -120,6 +145,8 @@ class PrefetchController:
             raise DaemonError(f"prefetch: need 1 <= min_depth ({min_depth}) <= max_depth ({max_depth})")
         if not 0 < alpha <= 1:
             raise DaemonError(f"prefetch: alpha must be in (0, 1], got {alpha}")
+        if dwell < 3:
+            raise DaemonError(f"prefetch: dwell must be at least 3 samples, got {dwell}")
         self.min_depth = int(min_depth)
         self.max_depth = int(max_depth)
         self.gpu_util_target = float(gpu_util_target)
@@ -136,6 +163,9 @@ class PrefetchController:
         self.patience_down = int(patience_down)
         self.cooldown = int(cooldown)
         self.ceiling_ttl = int(ceiling_ttl)
+        self.gain_min = float(gain_min)
+        self.queue_gain = float(queue_gain)
+        self.dwell = int(dwell)
         start = initial_depth if initial_depth is not None else 2
         self.depth = min(self.max_depth, max(self.min_depth, int(start)))
         self.decisions: deque[PrefetchDecision] = deque(maxlen=history)
@@ -154,6 +184,11 @@ class PrefetchController:
         self._emc: float | None = None
         self._qratio: float | None = None
         self._gpu_freq_max: float | None = None
+        # Recent (depth, throughput, queue p95) per sample, and the trial of a deeper step.
+        self._recent: deque[tuple[int, float | None, float | None]] = deque(maxlen=self.dwell)
+        self._trial: dict[str, Any] | None = None
+        self.trials = 0
+        self.trials_kept = 0
 
     # ------------------------------------------------------------------ signals
 
@@ -174,6 +209,65 @@ class PrefetchController:
 
     # ------------------------------------------------------------------ step
 
+    def _start_trial(self, base_depth: int) -> None:
+        """Remember throughput and queue delay at ``base_depth`` before stepping deeper."""
+        base = [(t, q) for d, t, q in self._recent if d == base_depth]
+        self.trials += 1
+        self._trial = {
+            "at": self.updates,
+            "from": base_depth,
+            "thr": [t for t, _ in base if t is not None],
+            "q": [q for _, q in base if q is not None],
+        }
+
+    @staticmethod
+    def _gain(before: list[float], after: list[float], higher_is_better: bool) -> tuple[float, float] | None:
+        """Relative change of the mean (positive = better) and its noise: two standard errors of
+        the difference of the means, relative to the mean before. None without data."""
+        if len(before) < 2 or len(after) < 2:
+            return None
+        m0, m1 = statistics.fmean(before), statistics.fmean(after)
+        if m0 <= 0:
+            return None
+        se = math.sqrt(statistics.variance(before) / len(before) + statistics.variance(after) / len(after))
+        g = (m1 - m0) / m0 if higher_is_better else (m0 - m1) / m0
+        return g, 2.0 * se / m0
+
+    def _judge_trial(self, depth: int) -> str | None:
+        """After ``dwell`` samples at a trial depth: None to keep it, else why to step back.
+
+        The step is kept when it raised the mean completed throughput by ``gain_min`` or lowered
+        the mean queue delay by ``queue_gain``, each by more than the noise (two standard errors
+        of the difference of the means), so a lucky run of noisy samples does not count as a gain.
+        """
+        tr = self._trial
+        if tr is None or self.updates - tr["at"] < self.dwell:
+            return None
+        self._trial = None
+        # Leave out the samples while the pipeline was still filling to the new depth.
+        now = [(t, q) for d, t, q in list(self._recent)[2:] if d == depth]
+        judged: list[str] = []
+        kept = False
+        for label, before, after, higher, need in (
+            ("throughput", tr["thr"], [t for t, _ in now if t is not None], True, self.gain_min),
+            ("queue delay", tr["q"], [q for _, q in now if q is not None], False, self.queue_gain),
+        ):
+            res = self._gain(before, after, higher)
+            if res is None:
+                continue
+            g, noise = res
+            sign = 1 if higher else -1
+            judged.append(f"{label} {sign * 100 * g:+.1f}% (noise {100 * noise:.1f}%)")
+            kept |= g >= need and g > noise
+        if not judged:
+            kept = True  # nothing to judge by: keep the step the signals asked for
+        if kept:
+            self.trials_kept += 1
+            log.debug("prefetch depth %d kept (%s)", depth, ", ".join(judged))
+            return None
+        return (f"depth {depth} bought too little over {tr['from']} ({', '.join(judged)}; "
+                f"needs throughput +{100 * self.gain_min:.0f}% or queue delay -{100 * self.queue_gain:.0f}%)")
+
     def update(
         self,
         sample: Sample | None,
@@ -185,6 +279,7 @@ class PrefetchController:
         prefetch_wait_p95_ms: float | None = None,
         exec_ms: float | None = None,
         depth_blocked_pct: float | None = None,
+        completed_per_s: float | None = None,
     ) -> int:
         """Take one control step and return the depth to use.
 
@@ -211,6 +306,9 @@ class PrefetchController:
                 waiting but no free slot (depth was the limit). Going deeper only helps then: an
                 under-used GPU with nothing waiting is short of load, not of depth. Without it
                 an under-used GPU is always taken as a reason to go deeper.
+            completed_per_s (float | None): requests (items) completed per second over the
+                interval (the rate of ``nv_inference_count``). What a deeper step is judged by;
+                without it the device occupancy stands in for it.
 
         Returns:
             int: the new depth, within ``[min_depth, max_depth]``.
@@ -235,15 +333,21 @@ class PrefetchController:
         throttle = self._throttled(sample) if sample is not None else None
         # Is depth to blame for the queueing? Yes when prepared batches sit waiting for the device
         # (or when we cannot tell); no when the device takes them at once (overload upstream).
+        waiting_batches: float | None = None
         if prefetch_wait_p95_ms is None:
             depth_hurts = True
             starving = False
         else:
             yardstick = exec_ms if exec_ms else 0.1 * (latency_target_ms or 100.0)
+            waiting_batches = prefetch_wait_p95_ms / yardstick
             # One batch waiting behind the running one is what double buffering means (up to one
-            # execution time); more than that is depth adding latency.
-            depth_hurts = prefetch_wait_p95_ms >= 1.2 * yardstick
-            starving = prefetch_wait_p95_ms < 0.25 * yardstick
+            # execution time, a little more with the spread of execution times); a p95 wait
+            # halfway to a second execution is depth adding latency.
+            depth_hurts = waiting_batches >= 1.5
+            starving = waiting_batches < 0.25
+        # What a deeper step is judged by: completed throughput, else our device occupancy.
+        thr = completed_per_s if completed_per_s is not None else gpu_raw
+        self._recent.append((self.depth, None if thr is None else float(thr), queue_delay_p95_ms))
 
         prev = self.depth
         # While throttled the pipeline keeps at most double buffering (``throttle_depth``): the
@@ -252,26 +356,38 @@ class PrefetchController:
         if throttle:
             limit = min(limit, max(self.min_depth, self.throttle_depth))
         hard: str | None = None
+        hard_to: int | None = None
         soft: str | None = None
         up: str | None = None
+        knee: str | None = None
         if memory_level > 0:
             hard = f"memory pressure level {memory_level}"
         elif qratio is not None and qratio >= 1.0 and depth_hurts:
             hard = f"queue p95 {queue_delay_p95_ms:.1f} ms >= target {latency_target_ms:.1f} ms"
+            if waiting_batches is not None:
+                # Keep one prepared batch waiting for the device, no more: that many slots too many.
+                hard_to = prev - max(1, int(math.floor(waiting_batches - 1.0 + 0.5)))
         elif throttle and prev > limit:
             soft = throttle
         elif self._emc is not None and self._emc >= self.emc_high_pct:
             soft = f"EMC {self._emc:.0f}% >= {self.emc_high_pct:.0f}%"
         elif self._qratio is not None and self._qratio >= self.queue_fraction and depth_hurts:
             soft = f"queue p95 at {100 * self._qratio:.0f}% of the target"
-        elif (
-            self._gpu is not None
-            and self.idle_pct < self._gpu < self.gpu_util_target - self.deadband_pct
-            and (self._emc is None or self._emc < self.emc_high_pct - 10.0)
-            and (starving or self._qratio is None or self._qratio < self.queue_fraction / 2)
-            and (depth_blocked_pct is None or depth_blocked_pct >= self.blocked_min_pct)
-        ):
-            up = f"GPU {self._gpu:.0f}% under target {self.gpu_util_target:.0f}%"
+        else:
+            knee = self._judge_trial(prev)
+            if knee is None and self._trial is None and (
+                self._gpu is not None
+                and self.idle_pct < self._gpu < self.gpu_util_target - self.deadband_pct
+                and (self._emc is None or self._emc < self.emc_high_pct - 10.0)
+                # With the prefetch wait known, only a starving device gains from one more slot: a
+                # prepared batch that already waits for the device would just have company.
+                and (starving if prefetch_wait_p95_ms is not None
+                     else (self._qratio is None or self._qratio < self.queue_fraction / 2))
+                and (depth_blocked_pct is None or depth_blocked_pct >= self.blocked_min_pct)
+            ):
+                up = f"GPU {self._gpu:.0f}% under target {self.gpu_util_target:.0f}%"
+        if hard or soft:
+            self._trial = None
 
         new = prev
         reason = "hold"
@@ -279,7 +395,8 @@ class PrefetchController:
             self._up_votes = 0
             self._down_votes = 0
             if prev > self.min_depth:
-                new = max(self.min_depth, prev // 2)
+                target = prev // 2 if hard_to is None else hard_to
+                new = min(prev - 1, max(self.min_depth, target))
                 reason = f"cut: {hard}"
             else:
                 reason = f"at minimum: {hard}"
@@ -292,6 +409,11 @@ class PrefetchController:
                 self._down_votes = 0
             else:
                 reason = f"hold ({soft}, {self._down_votes}/{self.patience_down})"
+        elif knee:
+            self._up_votes = 0
+            self._down_votes = 0
+            new = max(self.min_depth, prev - 1)
+            reason = f"back: {knee}"
         elif up:
             self._down_votes = 0
             self._up_votes += 1
@@ -301,11 +423,14 @@ class PrefetchController:
                 new = prev + 1
                 reason = f"deeper: {up}"
                 self._up_votes = 0
+                self._start_trial(prev)
             else:
                 reason = f"hold ({up}, {self._up_votes}/{self.patience_up})"
         else:
             self._up_votes = 0
             self._down_votes = 0
+            if self._trial is not None:
+                reason = f"hold (trial of depth {prev}, {self.updates - self._trial['at']}/{self.dwell})"
 
         direction = (new > prev) - (new < prev)
         if direction:
@@ -321,6 +446,7 @@ class PrefetchController:
             self._since_change = 0
             self.changes += 1
             self.depth = new
+            self._recent.clear()
         decision = PrefetchDecision(
             timestamp=sample.timestamp if sample is not None else math.nan,
             depth=new,
@@ -359,5 +485,7 @@ class PrefetchController:
             "gpu_util_ewma": self._gpu,
             "emc_util_ewma": self._emc,
             "queue_ratio_ewma": self._qratio,
+            "trials": self.trials,
+            "trials_kept": self.trials_kept,
             "last_reason": last.reason if last else None,
         }
