@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import ctypes
 import os
 from collections.abc import Sequence
 from typing import NamedTuple
@@ -97,8 +96,8 @@ def _out(out: np.ndarray | None, shape: tuple[int, ...], dtype: np.dtype, op: st
         return np.empty(shape, dtype=dtype)
     if not isinstance(out, np.ndarray) or out.dtype != dtype:
         raise KernelError(f"{op}: out must be a {dtype} numpy array, got {getattr(out, 'dtype', type(out))}")
-    if out.size != int(np.prod(shape)) or out.shape[-len(shape):] != shape[-len(shape):] and out.shape != shape:
-        raise KernelError(f"{op}: out must have shape {shape}, got {out.shape}")
+    if out.shape != tuple(shape):
+        raise KernelError(f"{op}: out must have shape {tuple(shape)}, got {out.shape}")
     if not out.flags.c_contiguous or not out.flags.writeable:
         raise KernelError(f"{op}: out must be C-contiguous and writeable")
     return out
@@ -489,4 +488,3 @@ def cpu_info(library: str | os.PathLike[str] | None = None) -> dict[str, object]
     }
 
 
-_ = ctypes  # ctypes calls through get_library() release the GIL (CDLL, not PyDLL)

@@ -202,6 +202,46 @@ class TestResults:
             sve.set_num_threads(0)
 
 
+    def test_concurrent_callers_share_the_pool(self):
+        rng = np.random.default_rng(8)
+        imgs = [rng.integers(0, 256, (480, 640, 3), np.uint8) for _ in range(4)]
+        want = [sve.resize_normalize(im, (320, 320), 0, 255) for im in imgs]
+        got: dict[int, list] = {i: [] for i in range(4)}
+        sve.set_num_threads(3)
+        try:
+            def work(i):
+                for _ in range(5):
+                    got[i].append(sve.resize_normalize(imgs[i], (320, 320), 0, 255))
+
+            threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(timeout=60)
+            assert not any(t.is_alive() for t in threads), "kernel calls hung"
+        finally:
+            sve.set_num_threads(1)
+        for i in range(4):
+            assert len(got[i]) == 5 and all(np.array_equal(g, want[i]) for g in got[i])
+
+    def test_pool_survives_fork(self):
+        code = (
+            "import os, numpy as np\n"
+            "from cuvil_edge import sve\n"
+            "sve.set_num_threads(2)\n"
+            "img = np.zeros((600, 800, 3), np.uint8)\n"
+            "sve.normalize(img, 0, 1)\n"
+            "pid = os.fork()\n"
+            "if pid == 0:\n"
+            "    sve.normalize(img, 0, 1)\n"
+            "    os._exit(0)\n"
+            "_, status = os.waitpid(pid, 0)\n"
+            "raise SystemExit(os.waitstatus_to_exitcode(status))\n"
+        )
+        p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=60)
+        assert p.returncode == 0, p.stderr
+
+
 class TestLoading:
     def test_cpu_info(self):
         info = sve.cpu_info()
