@@ -62,10 +62,10 @@ def _devices(to: list[str] | None, inventory: Path | None, identity: Path | None
     return devices
 
 
-def _console() -> Any:
-    from cuvil_edge.cli import console
+def _console(stderr: bool = False) -> Any:
+    from cuvil_edge.cli import console, err_console
 
-    return console
+    return err_console if stderr else console
 
 
 def deploy_cmd(
@@ -155,7 +155,7 @@ def deploy_cmd(
     ok = result.ok
     line = "PASSED" if ok else "FAILED"
     counts = ", ".join(f"{v} {k}" for k, v in sorted(result.counts().items()))
-    _console().print(f"[bold {'green' if ok else 'red'}]{line}[/] {counts} in {time.monotonic() - t0:.1f} s",
+    _console(as_json).print(f"[bold {'green' if ok else 'red'}]{line}[/] {counts} in {time.monotonic() - t0:.1f} s",
                      highlight=False)
     if not ok:
         bad = sum(1 for r in result.results if not r.ok)
@@ -237,7 +237,7 @@ def rollback_cmd(
             t.add_row(r.device, st, r.version or "-", r.previous or "-", r.reason or "; ".join(r.notes))
         _console().print(t)
     ok = all(r.status == "deployed" for r in results)
-    _console().print(f"[bold {'green' if ok else 'red'}]{'PASSED' if ok else 'FAILED'}[/] "
+    _console(as_json).print(f"[bold {'green' if ok else 'red'}]{'PASSED' if ok else 'FAILED'}[/] "
                      f"{len(results)} device(s) in {time.monotonic() - t0:.1f} s", highlight=False)
     _fail_unless(ok, f"rollback of {name} failed on some devices; see the table")
 
@@ -338,7 +338,7 @@ def install_daemon_cmd(
                       else "not running (enabled for next boot)", r.reason)
         _console().print(t)
     ok = all(r.ok for r in results)
-    _console().print(f"[bold {'green' if ok else 'red'}]{'PASSED' if ok else 'FAILED'}[/] "
+    _console(as_json).print(f"[bold {'green' if ok else 'red'}]{'PASSED' if ok else 'FAILED'}[/] "
                      f"{len(results)} device(s) in {time.monotonic() - t0:.1f} s", highlight=False)
     _fail_unless(ok, "the unit could not be installed on some devices; see the table")
 

