@@ -63,7 +63,7 @@ def run_demo(out_dir: Path, serve: bool = True, requests: int = 200) -> dict[str
     """Run the demo; returns the figures it printed."""
     from cuvil_edge.bundle import generate_keypair, verify_bundle
     from cuvil_edge.cli import console
-    from cuvil_edge.packager.data import _photo
+    from cuvil_edge.packager.data import load_photo
     from cuvil_edge.packager.imaging import preprocess_image
     from cuvil_edge.packager.load import load_model
     from cuvil_edge.packager.package import package, resolve_model
@@ -95,7 +95,7 @@ def run_demo(out_dir: Path, serve: bool = True, requests: int = 200) -> dict[str
         minisign_ok = rc.returncode == 0
 
     labels = imagenet_labels()
-    image = _photo("coffee")
+    image = load_photo("coffee")
     x = preprocess_image(image, recipe.preprocess)[None]
     ref_sess = make_session(load_model(fp32_path))
     sess = make_session(installed / manifest.model)

@@ -12,7 +12,7 @@ from cuvil_edge.bundle.container import (
     verify_directory,
     write_bundle,
 )
-from cuvil_edge.bundle.manifest import FORMAT, FileEntry, Manifest, engine_key_name
+from cuvil_edge.bundle.manifest import FORMAT, FileEntry, Manifest
 from cuvil_edge.bundle.signing import generate_keypair, load_public_key, load_secret_key
 
 __all__ = [
@@ -21,7 +21,6 @@ __all__ = [
     "SIGNATURE_NAME",
     "FileEntry",
     "Manifest",
-    "engine_key_name",
     "extract_bundle",
     "generate_keypair",
     "load_public_key",

@@ -9,16 +9,11 @@ from typing import Any
 
 from cuvil_edge.errors import BundleError
 
-__all__ = ["FORMAT", "FileEntry", "Manifest", "engine_key_name"]
+__all__ = ["FORMAT", "FileEntry", "Manifest"]
 
 FORMAT = "cuvil-bundle/1"
 _PRECISIONS = {"fp32", "fp16", "int8", "mixed"}
 _FORMAT_KINDS = {"tensorrt", "ort-cpu"}
-
-
-def engine_key_name(l4t: str, tensorrt: str, sm: str, dla_core: int | None) -> str:
-    """File stem of a cached engine: ``l4t-36.4.3_trt-10.3.0_sm8.7_dlanone``."""
-    return f"l4t-{l4t}_trt-{tensorrt}_sm{sm}_dla{'none' if dla_core is None else dla_core}"
 
 
 @dataclass(frozen=True)

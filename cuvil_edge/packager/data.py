@@ -18,7 +18,7 @@ import numpy as np
 from cuvil_edge.errors import DataError
 from cuvil_edge.packager.imaging import as_rgb_uint8, preprocess_image
 
-__all__ = ["Dataset", "InputSpec", "load_dataset", "photo_crops", "PHOTOS_CALIBRATION", "PHOTOS_EVALUATION"]
+__all__ = ["Dataset", "InputSpec", "load_dataset", "load_photo", "photo_crops", "PHOTOS_CALIBRATION", "PHOTOS_EVALUATION"]
 
 _IMAGE_EXT = {".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff", ".webp"}
 PHOTOS_CALIBRATION = ("chelsea", "rocket", "hubble_deep_field", "retina", "sk:china", "camera", "coins", "brick", "grass")
@@ -50,7 +50,8 @@ class Dataset:
         return Dataset({k: v[start:stop] for k, v in self.inputs.items()}, labels, self.source)
 
 
-def _photo(name: str) -> np.ndarray:
+def load_photo(name: str) -> np.ndarray:
+    """A built-in photograph as RGB uint8: a scikit-image name, or ``sk:china``/``sk:flower`` (scikit-learn)."""
     if name.startswith("sk:"):
         from sklearn.datasets import load_sample_image
 
@@ -67,7 +68,7 @@ def photo_crops(names: tuple[str, ...], count: int, spec: dict[str, Any], seed: 
     if spec.get("kind") != "image":
         raise DataError("built-in photos need an image [preprocess] section in the recipe")
     rng = np.random.default_rng(seed)
-    photos = [_photo(n) for n in names]
+    photos = [load_photo(n) for n in names]
     out = []
     for i in range(count):
         img = photos[i % len(photos)]

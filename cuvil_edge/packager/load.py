@@ -12,7 +12,7 @@ from onnx import helper
 from cuvil_edge.errors import ModelError
 from cuvil_edge.packager.data import InputSpec
 
-__all__ = ["MIN_QUANT_OPSET", "ModelFromPath", "load_model", "model_inputs", "model_outputs", "opset_of", "upgrade_opset"]
+__all__ = ["MIN_QUANT_OPSET", "load_model", "model_inputs", "model_outputs", "opset_of", "upgrade_opset"]
 
 MIN_QUANT_OPSET = 13  # per-channel Q/DQ needs opset 13
 
@@ -95,13 +95,3 @@ def model_inputs(model: onnx.ModelProto) -> list[InputSpec]:
 
 def model_outputs(model: onnx.ModelProto) -> list[InputSpec]:
     return [InputSpec(o.name, _dtype(o), _dims(o)) for o in model.graph.output]
-
-
-class ModelFromPath:
-    """Lazy loader (Polygraphy style): stores the path, loads and checks when called."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = Path(path)
-
-    def __call__(self) -> onnx.ModelProto:
-        return load_model(self.path)
