@@ -30,6 +30,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import asyncssh
+
 from cuvil_edge.bundle import verify_bundle
 from cuvil_edge.bundle.container import MANIFEST_NAME, SIGNATURE_NAME, iter_member_bytes
 from cuvil_edge.deploy.health import HealthResult, check_health, daemon_load, daemon_unload
@@ -171,6 +173,9 @@ async def deploy_device(
         res.status, res.reason = "refused", str(exc)
     except DeployError as exc:
         res.status, res.reason = "failed", str(exc)
+    except (asyncssh.Error, OSError, asyncio.TimeoutError) as exc:
+        # A link that dies between the transport's own checks; one device never stops a fleet.
+        res.status, res.reason = "unreachable", f"{address.label}: {type(exc).__name__}: {exc}"
     res.seconds = round(time.monotonic() - t0, 3)
     progress(address.label, res.status, 1, 1)
     return res

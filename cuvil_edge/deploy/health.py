@@ -181,14 +181,20 @@ def check_health(
         if time.monotonic() >= deadline:
             return HealthResult(False, f"timeout after {timeout:g} s: {last}", time.monotonic() - start)
         time.sleep(poll)
-    got = {o.get("name"): o for o in body.get("outputs", [])}
+    if not isinstance(body, dict) or not isinstance(body.get("outputs"), list):
+        return HealthResult(False, f"the daemon's inference answer has no 'outputs' list: {str(body)[:200]}",
+                            time.monotonic() - start)
+    got = {o.get("name"): o for o in body["outputs"] if isinstance(o, dict)}
     worst = 0.0
     for key, want in expected.items():
         out = got.get(key)
         if out is None:
             return HealthResult(False, f"the daemon's answer lacks output '{key}'", time.monotonic() - start)
         dtype = _NUMPY.get(str(out.get("datatype")), "float32")
-        arr = np.asarray(out.get("data", []), dtype=dtype)
+        try:
+            arr = np.asarray(out.get("data", []), dtype=dtype)
+        except (TypeError, ValueError) as exc:
+            return HealthResult(False, f"output '{key}' data unreadable: {exc}", time.monotonic() - start)
         if arr.size != want.size:
             return HealthResult(False, f"output '{key}' has {arr.size} values, expected {want.size}",
                                 time.monotonic() - start)
