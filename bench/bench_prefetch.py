@@ -225,6 +225,23 @@ def main(argv: list[str] | None = None) -> int:
         "adaptive_oom_events": ad["oom_events"]["max"],
         "no_oom_where_fixed_has_one": bool(fixed_with_oom) and ad["oom_events"]["max"] == 0,
     }
+    # Where the goal can be reached at all: every fixed depth against the best one, and the floor of
+    # peak memory (the resident model plus one full batch in flight: fixed depth 1, the least any
+    # depth choice can hold once batches fill up under overload).
+    resident_mb = Workload().resident_bytes / 2**20
+    results["goal"]["fixed_vs_best_fixed"] = {
+        m: {"throughput": round(v["throughput_fps"]["mean"] / ref["throughput_fps"]["mean"], 3),
+            "p99": round(v["p99_ms"]["mean"] / ref["p99_ms"]["mean"], 3),
+            "peak_memory": round(v["peak_daemon_mb"]["mean"] / ref["peak_daemon_mb"]["mean"], 3)}
+        for m, v in fixed.items()
+    }
+    floor = min(v["peak_daemon_mb"]["mean"] for v in fixed.values())
+    results["goal"]["peak_memory_floor"] = {
+        "resident_mb": round(resident_mb, 1),
+        "resident_vs_best_fixed_peak": round(resident_mb / ref["peak_daemon_mb"]["mean"], 3),
+        "least_fixed_peak_mb": floor,
+        "least_fixed_peak_vs_best_fixed_peak": round(floor / ref["peak_daemon_mb"]["mean"], 3),
+    }
     results["wall_s"] = round(time.perf_counter() - t0, 2)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=2) + "\n")
@@ -247,6 +264,13 @@ def main(argv: list[str] | None = None) -> int:
           f"p99 {ratio['p99']:.1%}, peak memory {ratio['peak_memory']:.1%} "
           f"(in-flight buffers {ratio['peak_inflight_memory']:.1%}); OOM: fixed {fixed_with_oom or 'none'}, "
           f"adaptive {g['adaptive_oom_events']:g}")
+    print("fixed depths vs " + best + ": " + "; ".join(
+        f"{m} {r['throughput']:.1%} / p99 {r['p99']:.1%} / peak {r['peak_memory']:.1%}"
+        for m, r in g["fixed_vs_best_fixed"].items()))
+    pf = g["peak_memory_floor"]
+    print(f"peak memory floor: resident model {pf['resident_mb']:.0f} MB = {pf['resident_vs_best_fixed_peak']:.1%} "
+          f"of {best}'s peak; least fixed peak {pf['least_fixed_peak_mb']:.0f} MB = "
+          f"{pf['least_fixed_peak_vs_best_fixed_peak']:.1%}")
     print(f"wrote {args.out} and {args.out.with_suffix('.png')} in {results['wall_s']} s")
     return 0
 

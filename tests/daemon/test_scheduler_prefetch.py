@@ -26,14 +26,14 @@ def run(ctl: PrefetchController, n: int, **kw) -> list[int]:
     return [ctl.update(sample, **kw) for _ in range(n)]
 
 
-def world(ctl: PrefetchController, n: int, fps, queue_ms=lambda d: 5.0, **kw) -> list[int]:
+def world(ctl: PrefetchController, n: int, fps, queue_ms=lambda d: 5.0, target: float = 100, **kw) -> list[int]:
     """Drive ``ctl`` for ``n`` samples against a pipeline whose completed throughput and queue delay
     are functions of the depth the controller chose (a toy, deterministic world)."""
     sample = kw.pop("sample", None) or s()
     depths = []
     for _ in range(n):
         d = ctl.depth
-        depths.append(ctl.update(sample, queue_ms(d), 100, completed_per_s=fps(d), **kw))
+        depths.append(ctl.update(sample, queue_ms(d), target, completed_per_s=fps(d), **kw))
     return depths
 
 
@@ -140,6 +140,25 @@ class TestShallower:
         depths = run(ctl, 20, sample=s(gpu=60, temp=96.0), depth_blocked_pct=100)
         assert depths[-1] == 2 and all(d >= 2 for d in depths)
         assert ctl.last_decision.throttled
+
+    def test_throttled_the_latency_objective_comes_first(self) -> None:
+        # Hot board, queue delay over the objective even with double buffering working: one slot.
+        ctl = PrefetchController(1, 8, initial_depth=2)
+        hot = s(gpu=95, temp=96.0)
+        depths = run(ctl, 20, sample=hot, queue_delay_p95_ms=480, latency_target_ms=400, depth_blocked_pct=100,
+                     prefetch_wait_p95_ms=200, exec_ms=210)
+        assert depths[0] == 1 and set(depths) == {1} and "queue p95" in ctl.decisions[0].reason
+        # At depth 1 the device starves (no prepared batch waits) but the queue delay is still 70% of
+        # the objective: no deeper while throttled ...
+        depths = run(ctl, 20, sample=hot, queue_delay_p95_ms=280, latency_target_ms=400, depth_blocked_pct=100,
+                     prefetch_wait_p95_ms=0, exec_ms=210)
+        assert set(depths) == {1}
+        # ... whereas a cool board with the same figures goes back to double buffering (and keeps it:
+        # the second slot buys 10% throughput).
+        ctl = PrefetchController(1, 8, initial_depth=1)
+        depths = world(ctl, 30, fps=lambda d: 34.0 if d == 1 else 37.4, queue_ms=lambda d: 280.0 if d == 1 else 480.0,
+                       target=400, sample=s(gpu=85), depth_blocked_pct=100, prefetch_wait_p95_ms=0, exec_ms=210)
+        assert depths[-1] == 2 and ctl.trials_kept == 1
 
     def test_pmic_placeholder_is_not_a_temperature(self) -> None:
         ctl = PrefetchController(1, 8, initial_depth=6)

@@ -8,7 +8,8 @@ follows the issue's rules:
   comfortable and the queue delay is well inside the latency objective;
 * **shallower** when EMC saturates, memory pressure rises (any ladder step of
   :class:`~cuvil_edge.daemon.scheduler.memory.MemoryScheduler`), the board throttles (hot sensor,
-  GPU clock pulled down while busy, input power at its limit) or the p95 queue delay threatens the
+  GPU clock pulled down while busy, input power at its limit: at most ``throttle_depth``, and one
+  step less while the queue delay is over the target) or the p95 queue delay threatens the
   model's p95 latency target.
 
 Depth only pays while it buys something, so going deeper is a *trial* judged on measurement (a
@@ -92,7 +93,10 @@ class PrefetchController:
         temp_limit_c (float): a die sensor at or above this counts as throttling. Defaults to 90
             (Jetson software throttling starts in the mid 90s; acting earlier keeps the clocks up).
         throttle_depth (int): deepest depth while the board throttles. Defaults to 2 (double
-            buffering: pre-processing overlaps execution, nothing more queues).
+            buffering: pre-processing overlaps execution, nothing more queues). While throttled,
+            a p95 queue delay over the latency target cuts one step at once even when depth is
+            not to blame, and no step deeper is taken until it is under ``queue_fraction`` of the
+            target: with the clocks down the objective comes before throughput.
         blocked_min_pct (float): ``depth_blocked_pct`` needed before going deeper. Defaults to 10.
         idle_pct (float): at or below this GPU use the daemon is idle: no reason to go deeper.
             Defaults to 5.
@@ -351,7 +355,8 @@ class PrefetchController:
 
         prev = self.depth
         # While throttled the pipeline keeps at most double buffering (``throttle_depth``): the
-        # clocks are down, deeper would only queue more work and hold more memory.
+        # clocks are down, deeper would only queue more work and hold more memory. Double
+        # buffering itself is kept only while the queue delay stays inside the latency objective.
         limit = self.max_depth if self._ceiling is None else min(self.max_depth, self._ceiling - 1)
         if throttle:
             limit = min(limit, max(self.min_depth, self.throttle_depth))
@@ -367,6 +372,11 @@ class PrefetchController:
             if waiting_batches is not None:
                 # Keep one prepared batch waiting for the device, no more: that many slots too many.
                 hard_to = prev - max(1, int(math.floor(waiting_batches - 1.0 + 0.5)))
+        elif throttle and qratio is not None and qratio >= 1.0:
+            # Throttled, the latency objective comes before throughput: with the clocks down each
+            # batch held ready behind the running one costs a (slowed) execution of latency.
+            hard = f"{throttle}, queue p95 {queue_delay_p95_ms:.1f} ms >= target {latency_target_ms:.1f} ms"
+            hard_to = min(prev - 1, limit)
         elif throttle and prev > limit:
             soft = throttle
         elif self._emc is not None and self._emc >= self.emc_high_pct:
@@ -384,6 +394,8 @@ class PrefetchController:
                 and (starving if prefetch_wait_p95_ms is not None
                      else (self._qratio is None or self._qratio < self.queue_fraction / 2))
                 and (depth_blocked_pct is None or depth_blocked_pct >= self.blocked_min_pct)
+                # Throttled, deeper only while the queue delay is well inside the objective.
+                and not (throttle and self._qratio is not None and self._qratio >= self.queue_fraction)
             ):
                 up = f"GPU {self._gpu:.0f}% under target {self.gpu_util_target:.0f}%"
         if hard or soft:
