@@ -43,6 +43,72 @@ static inline float32x4_t hlerp4(const float *t, const int32_t *xi, float32x4_t 
     return vmulq_f32(vsubq_f32(v, m), s);
 }
 
+// Direct path for downscales beyond 2x: 4 output columns per step. Each tap window is one
+// 32-bit load: bytes 3*x0 .. 3*x0+3 (pixel x0) and 3*x0+2 .. 3*x0+5 (pixel x0 + 1), so no load
+// passes the end of the row; tbl moves channel bytes into 32-bit lanes. Same float operations
+// as the separable path.
+static inline uint32x4_t win4(const uint8_t *r, const int32_t *xi, int k) {
+    uint32_t w[4];
+    for (int j = 0; j < 4; ++j) memcpy(&w[j], r + 3 * (size_t)xi[j] + k, 4);
+    return vld1q_u32(w);
+}
+
+static inline float32x4_t byte_lane(uint32x4_t w, uint8x16_t idx) {
+    return vcvtq_f32_u32(vreinterpretq_u32_u8(vqtbl1q_u8(vreinterpretq_u8_u32(w), idx)));
+}
+
+static void direct_f32(const uint8_t *r0, const uint8_t *r1, float wy0, float wy1, const int32_t *xi,
+                       const float *wx0, const float *wx1, size_t nw, int swap, const float *mean,
+                       const float *inv_std, void *dst, size_t dst_plane_stride, int f16) {
+    static const uint8_t idx_bytes[4][16] = {
+        {0, 255, 255, 255, 4, 255, 255, 255, 8, 255, 255, 255, 12, 255, 255, 255},
+        {1, 255, 255, 255, 5, 255, 255, 255, 9, 255, 255, 255, 13, 255, 255, 255},
+        {2, 255, 255, 255, 6, 255, 255, 255, 10, 255, 255, 255, 14, 255, 255, 255},
+        {3, 255, 255, 255, 7, 255, 255, 255, 11, 255, 255, 255, 15, 255, 255, 255}};
+    const uint8x16_t ix[4] = {vld1q_u8(idx_bytes[0]), vld1q_u8(idx_bytes[1]), vld1q_u8(idx_bytes[2]),
+                              vld1q_u8(idx_bytes[3])};
+    const float32x4_t W0 = vdupq_n_f32(wy0), W1 = vdupq_n_f32(wy1);
+    const int o0 = swap ? 2 : 0;
+    int oc[3] = {o0, 1, 2 - o0};  // output channel of each source channel
+    float32x4_t M[3], S[3];
+    for (int c = 0; c < 3; ++c) {
+        M[c] = vdupq_n_f32(mean[oc[c]]);
+        S[c] = vdupq_n_f32(inv_std[oc[c]]);
+    }
+    size_t i = 0;
+    for (; i + 4 <= nw; i += 4) {
+        const uint32x4_t a0 = win4(r0, xi + i, 0), a1 = win4(r0, xi + i, 2);
+        const uint32x4_t b0 = win4(r1, xi + i, 0), b1 = win4(r1, xi + i, 2);
+        const float32x4_t u = vld1q_f32(wx0 + i), v = vld1q_f32(wx1 + i);
+        for (int c = 0; c < 3; ++c) {
+            // Channel c of pixel x0 is byte c of window 0; of pixel x0 + 1, byte c + 1 of window 2.
+            float32x4_t t0 = vaddq_f32(vmulq_f32(byte_lane(a0, ix[c]), W0), vmulq_f32(byte_lane(b0, ix[c]), W1));
+            float32x4_t t1 =
+                vaddq_f32(vmulq_f32(byte_lane(a1, ix[c + 1]), W0), vmulq_f32(byte_lane(b1, ix[c + 1]), W1));
+            float32x4_t val = vaddq_f32(vmulq_f32(t0, u), vmulq_f32(t1, v));
+            val = vmulq_f32(vsubq_f32(val, M[c]), S[c]);
+            uint8_t *d = (uint8_t *)dst + (size_t)oc[c] * dst_plane_stride;
+            if (f16)
+                vst1_u16((uint16_t *)d + i, vreinterpret_u16_f16(vcvt_f16_f32(val)));
+            else
+                vst1q_f32((float *)d + i, val);
+        }
+    }
+    for (; i < nw; ++i) {
+        const uint8_t *a = r0 + 3 * (size_t)xi[i], *b = r1 + 3 * (size_t)xi[i];
+        for (int c = 0; c < 3; ++c) {
+            float p = ((float)a[c] * wy0 + (float)b[c] * wy1) * wx0[i] +
+                      ((float)a[3 + c] * wy0 + (float)b[3 + c] * wy1) * wx1[i];
+            p = (p - mean[oc[c]]) * inv_std[oc[c]];
+            uint8_t *d = (uint8_t *)dst + (size_t)oc[c] * dst_plane_stride;
+            if (f16)
+                ((uint16_t *)d)[i] = cuvil_f32_to_f16(p);
+            else
+                ((float *)d)[i] = p;
+        }
+    }
+}
+
 #define CUVIL_ID(v) (v)
 #define HLERP_NEON(T, STORE4, CONV)                                                                      \
     const float *t[3];                                                                                   \
@@ -76,6 +142,10 @@ void cuvil_resize_normalize_f32_u8_neon(const uint8_t *r0, const uint8_t *r1, fl
                                         const float *wx0, const float *wx1, size_t nw, int swap,
                                         const float *mean, const float *inv_std, void *dst,
                                         size_t dst_plane_stride) {
+    if (2 * nw < x_hi - x_lo) {
+        direct_f32(r0, r1, wy0, wy1, xi, wx0, wx1, nw, swap, mean, inv_std, dst, dst_plane_stride, 0);
+        return;
+    }
     vlerp(r0, r1, wy0, wy1, x_lo, x_hi, tmp, tmp_plane);
     HLERP_NEON(float, STORE4_F32, CUVIL_ID)
 }
@@ -85,6 +155,10 @@ void cuvil_resize_normalize_f16_u8_neon(const uint8_t *r0, const uint8_t *r1, fl
                                         const float *wx0, const float *wx1, size_t nw, int swap,
                                         const float *mean, const float *inv_std, void *dst,
                                         size_t dst_plane_stride) {
+    if (2 * nw < x_hi - x_lo) {
+        direct_f32(r0, r1, wy0, wy1, xi, wx0, wx1, nw, swap, mean, inv_std, dst, dst_plane_stride, 1);
+        return;
+    }
     vlerp(r0, r1, wy0, wy1, x_lo, x_hi, tmp, tmp_plane);
     HLERP_NEON(uint16_t, STORE4_F16, cuvil_f32_to_f16)
 }
