@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import os
 import signal
@@ -42,6 +43,14 @@ __all__ = ["STARTUP_FAILURE", "Server", "ServerState"]
 log = logging.getLogger("cuvil_edge.daemon")
 
 STARTUP_FAILURE = 3  # exit code, as uvicorn's
+
+
+def freeze_heap() -> None:
+    """Collect once, then move every object alive now (modules, sessions, manifests) out of the
+    garbage collector's generations (``gc.freeze``), so the periodic full collections that
+    request garbage triggers only walk young objects: fewer multi-millisecond pauses in p99."""
+    gc.collect()
+    gc.freeze()
 
 
 class ServerState:
@@ -157,6 +166,7 @@ class Server:
                 if cfg.strict:
                     raise DaemonError(f"model {name!r} failed to load: {exc}") from exc
                 log.error("model %s not served: %s", name, exc)
+        freeze_heap()
         self.state.ready = True
         self.state.phase = "ready"
         loaded = [f"{i.name}:{i.version}" for i in self.registry.instances()]
