@@ -114,6 +114,19 @@ class TestSimulatedScenarios:
         assert direction_changes([x["depth"] for x in res.trace]) <= 6
         assert res.oom_events == 0
 
+    def test_no_deeper_than_pays(self) -> None:
+        """60 fps on a cool, idle board: double buffering already keeps up, so the controller stays at
+        2 (a third slot would only hold a batch waiting for the device) and loses nothing to depth 4."""
+        def board() -> SimulatedBoard:
+            return SimulatedBoard("orin-nano-8gb", seed=6, noise_pct=3)
+
+        sim, sched, ctl = adaptive(board())
+        res = sim.run(60)
+        fixed4 = PipelineSim(board(), depth=4, seed=3).run(60)
+        assert max(x["depth"] for x in res.trace) == 2
+        assert res.throughput_fps >= 0.99 * fixed4.throughput_fps
+        assert res.p99_ms <= 1.1 * fixed4.p99_ms
+
     def test_depth_converges_in_steady_load(self) -> None:
         board = SimulatedBoard("orin-nano-8gb", seed=5, noise_pct=5)
         sim, sched, ctl = adaptive(board, workload=Workload(fps=36.0))  # 72 fps: just over capacity
