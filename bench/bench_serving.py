@@ -17,8 +17,9 @@ tensors back to back for a fixed time after a warm-up. Servers being compared ru
 (A B A B A B, 3 rounds) and each one's rounds are merged, so the machine's drifting background
 load falls on all of them alike. Models: the digits CNN (tiny) and
 EfficientNet-Lite0. Measured: requests/s, p50, p99 at 1 and 8 clients; overhead over
-in-process ONNX Runtime at 1 client; dynamic batching gain at 16 clients (cuvil-edged with
-``--max-batch 1`` vs batching).
+in-process ONNX Runtime at 1 client; server CPU time per request; dynamic batching gain at 16
+clients (cuvil-edged with max batch 1 vs its default, whose batch cap is tuned at warm-up, vs the
+cap pinned at 8 with ``--batch-autotune 0``).
 
 Usage::
 
@@ -383,6 +384,20 @@ def inprocess_ort(path: Path, x: np.ndarray, duration: float) -> dict[str, Any]:
             "p99_ms": round(float(np.percentile(a, 99)), 4), "throughput_rps": round(a.size / duration, 2)}
 
 
+def _config_param(url: str, model: str, key: str) -> Any:
+    import tritonclient.http as httpclient
+
+    c = httpclient.InferenceServerClient(url)
+    try:
+        value = c.get_model_config(model).get("parameters", {}).get(key, {}).get("string_value")
+    finally:
+        c.close()
+    try:
+        return json.loads(value) if value is not None else None
+    except ValueError:
+        return value
+
+
 def server_stats(url: str, model: str) -> dict[str, Any]:
     import tritonclient.http as httpclient
 
@@ -430,6 +445,8 @@ def main(argv: list[str] | None = None) -> int:
         procs.append(cuvil)
         nobatch, nobatch_url = start_cuvil(store_nobatch, work)
         procs.append(nobatch)
+        fixed, fixed_url = start_cuvil(store, work, "--batch-autotune", "0")
+        procs.append(fixed)
         triton = triton_url = None
         if not args.no_triton:
             triton, triton_url = start_triton(repo, work)
@@ -440,6 +457,7 @@ def main(argv: list[str] | None = None) -> int:
             x = np.random.default_rng(0).random((1, *m["shape"]), dtype=np.float32)
             wait_model_ready(cuvil_url, m["name"], cuvil)
             wait_model_ready(nobatch_url, m["name"], nobatch)
+            wait_model_ready(fixed_url, m["name"], fixed)
             if triton is not None:
                 wait_model_ready(triton_url, m["name"], triton)
             entry: dict[str, Any] = {"model": m["name"], "input_shape": [1, *m["shape"]], "runs": []}
@@ -462,15 +480,24 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"    {label}: {r['throughput_rps']} req/s  p50 {r['p50_ms']} ms  p99 {r['p99_ms']} ms"
                           f"  server CPU {r['server_cpu_ms_per_request']} ms/req  (rounds {r['rounds_rps']})",
                           flush=True)
-            # Dynamic batching gain at 16 clients: the same daemon with --max-batch 1 vs batching.
-            merged = interleaved([("batching_off", nobatch_url, nobatch), ("batching_on", cuvil_url, cuvil)],
+            # Dynamic batching gain at 16 clients: the same daemon with max batch 1, with its default
+            # (batch cap tuned at warm-up) and with the cap pinned at the manifest's 8.
+            merged = interleaved([("batching_off", nobatch_url, nobatch), ("batching_on", cuvil_url, cuvil),
+                                  ("batching_max8_untuned", fixed_url, fixed)],
                                  m["name"], x, 16, 2 * duration, max(2, warm // 4), rounds)
             gain: dict[str, Any] = {"concurrency": 16, **merged}
             gain["throughput_gain"] = round(merged["batching_on"]["throughput_rps"]
                                             / merged["batching_off"]["throughput_rps"], 3)
+            gain["throughput_gain_max8_untuned"] = round(merged["batching_max8_untuned"]["throughput_rps"]
+                                                         / merged["batching_off"]["throughput_rps"], 3)
+            gain["tuned_batch_cap"] = _config_param(cuvil_url, m["name"], "cuvil.batch_cap")
+            gain["batch_profile_us_per_sample"] = _config_param(cuvil_url, m["name"],
+                                                                "cuvil.batch_profile_us_per_sample")
             print(f"[{key}] x16 batching off {merged['batching_off']['throughput_rps']} req/s, on "
-                  f"{merged['batching_on']['throughput_rps']} req/s (mean batch "
-                  f"{merged['batching_on']['mean_batch']})", flush=True)
+                  f"{merged['batching_on']['throughput_rps']} req/s (cap {gain['tuned_batch_cap']}, mean batch "
+                  f"{merged['batching_on']['mean_batch']}), max 8 untuned "
+                  f"{merged['batching_max8_untuned']['throughput_rps']} req/s (mean batch "
+                  f"{merged['batching_max8_untuned']['mean_batch']})", flush=True)
             entry["batching_x16"] = gain
             c1 = next(r for r in entry["runs"] if r["server"] == "cuvil-edged" and r["concurrency"] == 1)
             entry["overhead_ms_p50_vs_inprocess_ort"] = {
@@ -518,6 +545,7 @@ def _goals(results: dict[str, Any]) -> dict[str, Any]:
             goals["tiny_overhead_p50_ms"] = ov
             goals["tiny_overhead_under_0.5ms"] = ov < 0.5
         goals[f"{key}_batching_gain_x16"] = e["batching_x16"]["throughput_gain"]
+        goals[f"{key}_batching_gain_x16_max8_untuned"] = e["batching_x16"]["throughput_gain_max8_untuned"]
     return goals
 
 
@@ -541,10 +569,11 @@ def _plot(results: dict[str, Any], path: Path) -> None:
             p99.append(r["p99_ms"])
             colors.append("tab:green" if r["server"] == "cuvil-edged" else "tab:gray")
         b = e["batching_x16"]
-        labels += ["cuvil x16\nno batch", "cuvil x16\nbatching"]
-        thr += [b["batching_off"]["throughput_rps"], b["batching_on"]["throughput_rps"]]
-        p99 += [b["batching_off"]["p99_ms"], b["batching_on"]["p99_ms"]]
-        colors += ["tab:olive", "tab:green"]
+        labels += ["cuvil x16\nno batch", f"cuvil x16\ncap {b.get('tuned_batch_cap')}", "cuvil x16\ncap 8"]
+        thr += [b["batching_off"]["throughput_rps"], b["batching_on"]["throughput_rps"],
+                b["batching_max8_untuned"]["throughput_rps"]]
+        p99 += [b["batching_off"]["p99_ms"], b["batching_on"]["p99_ms"], b["batching_max8_untuned"]["p99_ms"]]
+        colors += ["tab:olive", "tab:green", "tab:cyan"]
         axes[row][0].bar(labels, thr, color=colors)
         axes[row][0].set_title(f"{e['model']}: requests/s (higher is better)")
         axes[row][1].bar(labels, p99, color=colors)
