@@ -266,20 +266,21 @@ class TestMemory:
 
     @pytest.mark.slow
     def test_pressure_ladder_rejects_with_503_then_recovers(self, store, daemon_factory, tmp_path, digits_data):
-        # A replayed Orin log: RAM nearly full for 12 samples, then comfortable again.
+        # A replayed Orin log (0.1 s a line): RAM nearly full for 8 s, then comfortable again. The
+        # replay starts before the model loads, so the squeeze outlasts a slow start.
         tail = ("CPU [6%@729,9%@729,5%@729,16%@729,off,off] EMC_FREQ 4%@2133 GR3D_FREQ 0%@611 "
                 "CPU@47.9C GPU@45.8C VDD_IN 5299mW/5299mW")
         squeeze = f"RAM 7800/7852MB (lfb 2x4MB) SWAP 1500/3926MB (cached 0MB) {tail}"
         normal = f"RAM 2100/7852MB (lfb 900x4MB) SWAP 0/3926MB (cached 0MB) {tail}"
         log = tmp_path / "squeeze.log"
-        log.write_text("\n".join([squeeze] * 12 + [normal] * 60) + "\n")
+        log.write_text("\n".join([squeeze] * 80 + [normal] * 200) + "\n")
         d = daemon_factory(store, "--board", "orin-nano-8gb", "--tick", "0.1", "--telemetry", f"replay:{log}")
         x = np.ascontiguousarray(digits_data[:1])
         body = json.dumps({"inputs": [{"name": "input", "shape": [1, 1, 8, 8], "datatype": "FP32",
                                        "data": x.ravel().tolist()}]})
         seen: list[int] = []
         retry_after = None
-        deadline = time.monotonic() + 20
+        deadline = time.monotonic() + 45
         while time.monotonic() < deadline:
             conn = http.client.HTTPConnection(*d.host_port, timeout=10)
             conn.request("POST", "/v2/models/digits/infer", body=body)
