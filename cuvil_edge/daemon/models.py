@@ -5,6 +5,10 @@ backend activation, warm-up on the bundle's sample with a check against ``sample
 Only then does the registry swap the new instance in; the old one keeps answering the requests
 it already holds and is retired once they are done. A failed load leaves the old instance
 serving. So a reload never fails a request.
+
+Warm-up also times the model at each power-of-two batch size and caps dynamic batches at the most
+efficient one (``--batch-autotune``), and measures a batch-1 execution: models faster than
+``--inline-us`` run on the event loop when nothing else is queued (the batcher's fast path).
 """
 
 from __future__ import annotations

@@ -1,0 +1,75 @@
+"""Public names of the serving modules, pinned; every module imports without optional extras."""
+
+from __future__ import annotations
+
+import importlib
+
+import pytest
+
+MODULES = {
+    "cuvil_edge.runtime": ["BACKENDS", "Backend", "BackendOptions", "Footprint", "TensorSpec", "backend_class",
+                           "datatype_of", "dtype_of", "load_backend"],
+    "cuvil_edge.runtime.base": ["Backend", "BackendOptions", "Footprint", "TensorSpec", "datatype_of", "dtype_of"],
+    "cuvil_edge.runtime.ort": ["OrtBackend", "rss_bytes"],
+    "cuvil_edge.runtime.buffers": ["BufferPool", "Placement", "host_allocator"],
+    "cuvil_edge.daemon.batcher": ["Batcher", "Pending"],
+    "cuvil_edge.daemon.config": ["ENV_PREFIX", "OPTIONS", "Config", "build_parser", "load"],
+    "cuvil_edge.daemon.demo": ["serve_and_measure", "start_daemon"],
+    "cuvil_edge.daemon.http": ["HttpProtocol", "Request", "STATUS_LINES", "json_error"],
+    "cuvil_edge.daemon.kserve": ["App", "BadRequest", "MemoryRefused", "decode_infer"],
+    "cuvil_edge.daemon.main": ["main"],
+    "cuvil_edge.daemon.metrics": ["ModelStats", "render_prometheus"],
+    "cuvil_edge.daemon.models": ["ModelEntry", "ModelInstance", "ModelRegistry", "UnknownModel"],
+    "cuvil_edge.daemon.pipeline": ["DETECTIONS", "IMAGE_INPUT", "NUM_DETECTIONS", "TOPK_CLASSES", "TOPK_SCORES",
+                                   "Pipeline", "kernels"],
+    "cuvil_edge.daemon.resources": ["Resources"],
+    "cuvil_edge.daemon.server": ["STARTUP_FAILURE", "Server", "ServerState"],
+    "cuvil_edge.daemon.store": ["BundleStore", "read_manifest_dict"],
+}
+
+
+@pytest.mark.parametrize("name", sorted(MODULES))
+def test_exported_members(name):
+    module = importlib.import_module(name)
+    assert sorted(module.__all__) == sorted(MODULES[name])
+    for member in module.__all__:
+        assert hasattr(module, member), f"{name}.{member}"
+
+
+def test_datatype_names_round_trip():
+    import numpy as np
+
+    from cuvil_edge.errors import ModelError
+    from cuvil_edge.runtime import datatype_of, dtype_of
+
+    for kserve, np_name in (("FP32", "float32"), ("FP16", "float16"), ("UINT8", "uint8"), ("INT64", "int64"),
+                            ("BOOL", "bool")):
+        assert dtype_of(kserve) == np.dtype(np_name) == dtype_of(np_name)
+        assert datatype_of(np.dtype(np_name)) == kserve
+    assert dtype_of("float") == np.dtype(np.float32)
+    with pytest.raises(ModelError, match="unknown tensor datatype"):
+        dtype_of("BYTES")
+
+
+def test_load_backend_picks_ort_without_tensorrt(tmp_path, digits_model):
+    import shutil
+
+    from cuvil_edge.errors import DaemonError
+    from cuvil_edge.runtime import load_backend
+
+    shutil.copy(digits_model, tmp_path / "model.onnx")
+    (tmp_path / "engines").mkdir()
+    (tmp_path / "engines" / "x.engine").write_bytes(b"not an engine")
+    manifest = {"name": "d", "version": "1", "model": "model.onnx", "format_kind": "tensorrt",
+                "engines": [{"key": {}, "path": "engines/x.engine"}]}
+    backend = load_backend(tmp_path, manifest)
+    assert backend.kind == "ort"  # no TensorRT here: the ONNX model still serves
+    with backend:
+        import numpy as np
+
+        out = backend.infer({"input": np.zeros((2, 1, 8, 8), np.float32)})
+        assert out["logits"].shape == (2, 10)
+        assert backend.footprint().measured
+    assert not backend.is_active
+    with pytest.raises(DaemonError, match="tensorrt"):
+        load_backend(tmp_path, manifest, kind="tensorrt")
