@@ -417,12 +417,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--duration", type=float, default=None, help="seconds per tiny-model run (default 5)")
     ap.add_argument("--quick", action="store_true", help="short runs (smoke test of the benchmark itself)")
     ap.add_argument("--no-triton", action="store_true", help="skip Triton (when nvidia-pytriton is missing)")
+    ap.add_argument("--rounds", type=int, default=None, help="interleaved rounds per comparison (default 3)")
     ap.add_argument("--out", type=Path, default=RESULTS / "serving.json")
     args = ap.parse_args(argv)
     which = [m for m in args.models.split(",") if m]
     tiny_s = args.duration or (1.5 if args.quick else 5.0)
     effnet_s = tiny_s * (1.0 if args.quick else 2.0)
-    rounds = 1 if args.quick else 3
+    rounds = args.rounds or (1 if args.quick else 3)
     work = Path(tempfile.mkdtemp(prefix="cuvil-bench-"))
     models = build_models(work, which)
     store = make_cuvil_store(work / "store", models)
@@ -435,7 +436,8 @@ def main(argv: list[str] | None = None) -> int:
                     "platform": platform.platform(), "load_average_at_start": list(os.getloadavg())},
         "method": ("closed loop; N threads in one client process, each its own tritonclient.http client, "
                    "batch-1 requests with binary tensors, back to back; warm-up excluded; servers on "
-                   "127.0.0.1 sharing the machine's cores with the client"),
+                   f"127.0.0.1 sharing the machine's cores with the client; {rounds} interleaved rounds "
+                   "per comparison, merged"),
         "versions": _versions(),
         "models": {},
     }
