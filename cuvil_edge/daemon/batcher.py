@@ -89,6 +89,7 @@ class Batcher:
         self.cap = max(1, self.max_batch)  # current batch cap (pressure ladder lowers it)
         self.depth = 1  # batches allowed in flight now (prefetch controller sets it)
         self.inline_ok = False  # see run_inline
+        self._inline: list[Pending] | None = None  # the batch forming for the next inline flush
         self._queue: deque[Pending] = deque()
         self._cond = threading.Condition(threading.Lock())
         self._active = 0
@@ -126,32 +127,50 @@ class Batcher:
             self._cond.notify_all()
 
     def run_inline(self, p: Pending) -> bool:
-        """Run ``p`` at once on the calling (loop) thread if the batcher is idle; True if it ran.
+        """Run ``p`` on the event loop if the batcher is idle; True if taken (ran or will run).
 
         The fast path for models whose batch takes less than the two thread hand-offs it would
-        save (``inline_ok``, set by the owner from measured execution times): at low load a
-        request neither queues nor wakes a worker. Under load the queue is never empty or a
-        batch is running, so requests take the batching path.
+        save (``inline_ok``, set by the owner from measured execution times). The first request
+        finding the batcher idle reserves it and schedules one flush with ``call_soon``; requests
+        parsed in the same loop iteration (other connections' data arrived together) join that
+        batch while they fit the cap. So at low load a request neither queues nor wakes a
+        worker, and under load requests still batch without a thread hand-off. Whatever does not
+        fit takes the worker path.
         """
         if not self.inline_ok:
+            return False
+        group = self._inline
+        if group is not None:
+            if self.max_batch and p.key == group[0].key and sum(x.n for x in group) + p.n <= self.cap:
+                group.append(p)
+                return True
             return False
         with self._cond:
             if self._queue or self._active or self._stopping:
                 return False
-            self._active += 1
+            self._active += 1  # reserved until the flush: workers leave it alone
+        self._inline = [p]
+        self.loop.call_soon(self._flush_inline)
+        return True
+
+    def _flush_inline(self) -> None:
+        batch, self._inline = self._inline or [], None
+        now_ns = time.perf_counter_ns()
+        for p in batch:
+            p.queue_ns = now_ns - p.enqueued
         try:
-            self.execute([p])
+            self.execute(batch)
         except Exception as exc:
             log.exception("inline execution failed for %s", self.name)
-            if p.error is None and p.body is None:
-                p.error = (500, f"internal error running {self.name}: {exc}")
+            for p in batch:
+                if p.error is None and p.body is None:
+                    p.error = (500, f"internal error running {self.name}: {exc}")
         finally:
             with self._cond:
                 self._active -= 1
                 if self._queue:
                     self._cond.notify()
-        p.deliver(p)
-        return True
+        _deliver_all(batch)
 
     def submit(self, p: Pending) -> None:
         """Queue a request; its ``deliver`` runs on the loop when done."""
