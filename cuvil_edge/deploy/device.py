@@ -195,6 +195,13 @@ async def _deploy(tr: SSHTransport, bundle: PreparedBundle, options: DeployOptio
     state = await store.read_state(name)
     res.previous = current
     on_device = await store.manifest_bytes(name, version)
+    if on_device is None:
+        quarantined = store.quarantine_dir(name, version)
+        if await tr.read_bytes(os.path.join(quarantined, MANIFEST_NAME)) == bundle.manifest_bytes:
+            await tr.makedirs(store.bundle_dir(name))
+            await tr.rename(quarantined, store.version_dir(name, version))
+            on_device = bundle.manifest_bytes
+            res.notes.append("restored from quarantine (failed an earlier gate)")
     installed = on_device == bundle.manifest_bytes
     record = state["versions"].get(version, {})
     if installed and current == version and record.get("healthy"):
@@ -347,12 +354,17 @@ async def _switch_back(tr: SSHTransport, store: DeviceStore, name: str, failed: 
     """Point ``current`` back at ``previous`` (or remove it) and have the daemon serve that again."""
     if previous is None:
         await store.remove_current(name)
+        # The daemon serves the only version of a model without a current link: move it away.
+        quarantine = store.quarantine_dir(name, failed)
+        await tr.rmtree(quarantine)
+        await tr.makedirs(os.path.dirname(quarantine))
+        await tr.rename(store.version_dir(name, failed), quarantine)
         base, listener = await _daemon_base(tr)
         try:
             await asyncio.to_thread(daemon_unload, base, name, 30.0, options.daemon_token)
         finally:
             listener.close()
-        return f"no previous version: removed current and unloaded {name}"
+        return f"no previous version: removed current, moved {failed} to quarantine, unloaded {name}"
     await store.switch(name, previous)
     manifest, inputs, expected = await _read_sample(tr, store, name, previous)
     if manifest is None:

@@ -8,9 +8,13 @@ Layout (DESIGN.md; ``<store>`` defaults to ``/var/lib/cuvil-edge``)::
     <store>/deploy/uploads/<sha256>.cvb      a complete upload whose sha256 the device checked
     <store>/deploy/staging/<name>-<version>.<pid>/   extraction in progress (same file system)
     <store>/deploy/state/<name>.json         previous version, install records, recent events
+    <store>/deploy/quarantine/<name>/<version>/  a version that failed a fresh install's gate
 
 The switch is one atomic step: a ``current.new`` symlink renamed over ``current``. Deploy state
-lives outside ``bundles/`` so the daemon never mistakes it for a version.
+lives outside ``bundles/`` so the daemon never mistakes it for a version. A version that fails
+its health gate with no previous version to return to leaves ``bundles/`` too (to quarantine),
+because the daemon serves the only version of a model that has no ``current`` link; deploying
+the same bundle again moves it back without sending it.
 """
 
 from __future__ import annotations
@@ -70,6 +74,11 @@ class DeviceStore:
 
     def staging_dir(self, name: str, version: str) -> str:
         return os.path.join(self.root, "deploy", "staging", f"{name}-{version}.{os.getpid()}")
+
+    def quarantine_dir(self, name: str, version: str) -> str:
+        """Where a version that failed its gate on a fresh install waits, out of the daemon's sight."""
+        return os.path.join(self.root, "deploy", "quarantine", check_component("name", name),
+                            check_component("version", version))
 
     def state_path(self, name: str) -> str:
         return os.path.join(self.root, "deploy", "state", f"{check_component('name', name)}.json")

@@ -113,6 +113,12 @@ class TestDeployDevice:
         assert r.facts["tensorrt"] == "10.3.0"
         assert r.status == "rolled-back" and "not reachable" in r.reason
         assert not (new.store / "bundles/digits/current").is_symlink()
+        # With no current link a daemon would serve the only version left: it must be gone.
+        assert not (new.store / "bundles/digits/3.0.0").exists()
+        assert (new.store / "deploy/quarantine/digits/3.0.0/manifest.json").is_file()
+        again = run_sync(deploy_device(orin, lab.address(new), DeployOptions(health_timeout=1)))
+        assert again.status == "rolled-back" and again.bytes_sent == 0
+        assert any("quarantine" in n for n in again.notes)
 
     @pytest.mark.parametrize("warmup", ["true", "false"])
     def test_failing_health_gate_rolls_back(self, lab, bundles, deploy_keys, warmup):
