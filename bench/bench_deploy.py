@@ -9,7 +9,9 @@ per-file check, atomic switch, repository load, and the health gate (validation 
 an SSH port forward). The bundle is the digits CNN plus a 20 MB random payload member (the
 model itself is 60 kB; the payload stands in for weights/engines).
 
-Measured, each figure the median of ``--rounds`` rounds, all in one run:
+Measured, each figure the median of ``--rounds`` rounds, all in one run (wall time; for the
+cuvil-edge runs also the CPU seconds of this process, the host side, and of the devices: their
+sshd sessions with sftp-server, sha256sum and tar, and their daemons):
 
 * ``cuvil-edge`` (``rollout`` with the CLI's defaults except concurrency = number of devices:
   one canary, then the rest at once) fresh install to 1, 5 and 20 devices; the same with no
@@ -63,6 +65,7 @@ from cuvil_edge.deploy.fleet import RolloutPolicy, rollout  # noqa: E402
 from cuvil_edge.deploy.transport import run_sync  # noqa: E402
 
 SIZES = (1, 5, 20)
+SETTLE = 1.0
 
 
 class Bench:
@@ -79,6 +82,12 @@ class Bench:
             self.devices.append(dev)
             self.daemons.append(Daemon(dev.store, self.keys / "sign.pub").start())
         write_known_hosts(self.known_hosts, self.devices)
+        # The 20 idle daemons tick (watchdog, telemetry): measure that rate and leave it out of
+        # the CPU a deploy costs the devices.
+        time.sleep(2.0)
+        c0, t0 = device_cpu(self), time.perf_counter()
+        time.sleep(5.0)
+        self.idle_cpu_rate = (device_cpu(self) - c0) / (time.perf_counter() - t0)
 
     def addresses(self, n: int) -> list[Any]:
         return [d.address(self.keys / "client", self.known_hosts, dm.port)
@@ -87,7 +96,7 @@ class Bench:
     def wipe(self, n: int) -> None:
         """Back to a device that never had the bundle: unload, remove versions and uploads."""
         for d, dm in zip(self.devices[:n], self.daemons[:n]):
-            req = urllib.request.Request(f"http://127.0.0.1:{dm.port}/v2/repository/models/digits/unload/",
+            req = urllib.request.Request(f"http://127.0.0.1:{dm.port}/v2/repository/models/digits/unload",
                                          data=b"{}", method="POST")
             try:
                 urllib.request.urlopen(req, timeout=10).close()
@@ -104,16 +113,45 @@ class Bench:
             d.stop()
 
 
-def time_cuvil(bench: Bench, bundle_path: Path, n: int, canary: int) -> tuple[float, dict[str, int]]:
+def _proc_cpu(pid: int, children: bool) -> float:
+    """CPU seconds of a process (utime+stime), or of its reaped children (cutime+cstime)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    ticks = os.sysconf("SC_CLK_TCK")
+    idx = (13, 14) if children else (11, 12)  # fields after the command: utime=11, stime=12, cutime=13, cstime=14
+    return (int(fields[idx[0]]) + int(fields[idx[1]])) / ticks
+
+
+def device_cpu(bench: Bench) -> float:
+    """CPU the loopback devices spent: sshd sessions (sftp-server, sha256sum, tar) and daemons."""
+    total = 0.0
+    for d, dm in zip(bench.devices, bench.daemons):
+        if d.proc is not None:
+            total += _proc_cpu(d.proc.pid, children=True)
+        if dm.proc is not None:
+            total += _proc_cpu(dm.proc.pid, children=False)
+    return total
+
+
+def time_cuvil(bench: Bench, bundle_path: Path, n: int, canary: int) -> tuple[float, dict[str, Any]]:
+    dev0 = device_cpu(bench)
+    cpu0 = time.process_time()
     t0 = time.perf_counter()
     prepared = prepare_bundle(bundle_path, bench.keys / "sign.pub")  # timed: the CLI does it too
     report = run_sync(rollout(prepared, bench.addresses(n), DeployOptions(health_timeout=120),
                               RolloutPolicy(concurrency=n, canary=canary, batch_size=n, max_fail_share=0.5)))
     dt = time.perf_counter() - t0
-    counts = report.counts()
+    host_cpu = time.process_time() - cpu0
+    time.sleep(SETTLE)  # let sshd reap the session processes, so their CPU is counted here
+    counts: dict[str, Any] = dict(report.counts())
     if not report.ok:
         raise RuntimeError(f"deploy failed: {[(r.device, r.status, r.reason) for r in report.results]}")
     counts["bytes_sent"] = sum(r.bytes_sent for r in report.results)
+    counts["host_cpu_s"] = round(host_cpu, 2)
+    idle = bench.idle_cpu_rate * (dt + SETTLE)
+    counts["device_cpu_s"] = round(max(0.0, device_cpu(bench) - dev0 - idle), 2)
     return dt, counts
 
 
@@ -183,10 +221,13 @@ def main() -> int:
         raw: dict[str, dict[int, list[float]]] = {}
         details: dict[str, dict[int, Any]] = {}
 
+        cpu_raw: dict[str, dict[int, list[dict[str, float]]]] = {}
+
         def rec(key: str, n: int, dt: float, extra: Any = None) -> None:
             raw.setdefault(key, {}).setdefault(n, []).append(round(dt, 3))
             if extra is not None:
                 details.setdefault(key, {})[n] = extra
+                cpu_raw.setdefault(key, {}).setdefault(n, []).append(extra)
             print(f"  {key:<22} n={n:<3} {dt:7.2f} s {extra or ''}", flush=True)
 
         for r in range(rounds):
@@ -202,21 +243,27 @@ def main() -> int:
                 rec("cuvil_fresh_no_canary", n, dt, counts)
                 bench.wipe(n)
                 rec("scp_transfer_only", n, time_scp(bench, bundle, n))
-            if not args.quick and shutil.which("ssh") and Path(sys.executable).with_name("ansible-playbook").exists():
+            # Ansible is slow here (about a second a task): one round only.
+            if r == 0 and not args.quick and Path(sys.executable).with_name("ansible-playbook").exists():
                 for n in (1, 5):
                     bench.wipe(n)
                     rec("ansible_fresh", n, time_ansible(bench, bundle, n))
                     rec("ansible_present", n, time_ansible(bench, bundle, n))
         med = {k: {str(n): median(v) for n, v in by_n.items()} for k, by_n in raw.items()}
+        cpu = {k: {str(n): {"host_cpu_s": median([c["host_cpu_s"] for c in cs]),
+                            "device_cpu_s": median([c["device_cpu_s"] for c in cs])}
+                   for n, cs in by_n.items()} for k, by_n in cpu_raw.items()}
         t1 = med["cuvil_fresh"]["1"]
         t20 = med["cuvil_fresh"]["20"]
         result = {
             "benchmark": "deploy",
+            "devices_idle_cpu_per_s": round(bench.idle_cpu_rate, 3),
             "machine": {"platform": platform.platform(), "cpus": os.cpu_count(),
                         "load_avg_at_end": os.getloadavg()},
             "bundle": {"bytes": size, "payload_mb": args.payload_mb, "model": "digits CNN + random payload"},
             "rounds": rounds,
             "median_seconds": med,
+            "median_cpu_seconds": cpu,
             "raw_seconds": {k: {str(n): v for n, v in by_n.items()} for k, by_n in raw.items()},
             "last_counts": {k: {str(n): v for n, v in by_n.items()} for k, by_n in details.items()},
             "ratio_20_over_1": {

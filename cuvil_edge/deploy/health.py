@@ -88,10 +88,6 @@ def _repository(base_url: str, model: str, action: str, timeout: float, token: s
     path = f"/v2/repository/models/{model}/{action}"
     try:
         status, body = daemon_request(base_url, "POST", path, {}, timeout=timeout, token=token)
-        if status == 404 and "no such endpoint" in _error_text(body):
-            # cuvil-edged of 99ed852 routes the repository calls only with a trailing slash
-            # (it counts 7 path parts); the canonical path is tried first.
-            status, body = daemon_request(base_url, "POST", path + "/", {}, timeout=timeout, token=token)
     except _HTTPFailure as exc:
         return exc.message
     if status != 200:

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import dataclasses
-
 from deploy_harness import Daemon, free_port
 
 from cuvil_edge.deploy.device import DeployOptions, prepare_bundle
 from cuvil_edge.deploy.fleet import RolloutPolicy, load_inventory, rollout
-from cuvil_edge.deploy.transport import run_sync
+from cuvil_edge.deploy.transport import DeviceAddress, run_sync
 
 FAST = DeployOptions(health_timeout=3, connect_timeout=3)
 
@@ -18,8 +16,9 @@ def _fleet(lab, n, unreachable=(), no_daemon=()):
     addrs = []
     for i in range(n):
         name = f"dev{i}"
-        if i in unreachable:
-            addrs.append(dataclasses.replace(lab.address(lab.devices[0]), name=name, port=free_port()))
+        if i in unreachable:  # nothing listens on this port
+            addrs.append(DeviceAddress(host="127.0.0.1", port=free_port(), user="root", name=name,
+                                       identity=str(lab.keys["client"]), known_hosts=str(lab.known_hosts)))
             continue
         dev = lab.device(name, daemon=i not in no_daemon)
         addrs.append(lab.address(dev))
@@ -28,8 +27,6 @@ def _fleet(lab, n, unreachable=(), no_daemon=()):
 
 class TestRollout:
     def test_fleet_with_unreachable_and_unhealthy_device(self, lab, bundles, deploy_keys, tmp_path):
-        lab.device("anchor", daemon=False)  # gives _fleet an address to copy for the dead one
-        lab.devices[0].stop()
         addrs = _fleet(lab, 6, unreachable={1}, no_daemon={2})
         b = prepare_bundle(bundles["v1"], deploy_keys["public"])
         policy = RolloutPolicy(concurrency=5, canary=1, batch_size=5, max_fail_share=0.5)
@@ -54,8 +51,6 @@ class TestRollout:
         assert sum(r.bytes_sent for r in again.results) == 0  # dev2 kept the bundle after its rollback
 
     def test_failure_share_stops_rollout(self, lab, bundles, deploy_keys):
-        lab.device("anchor", daemon=False)
-        lab.devices[0].stop()
         addrs = _fleet(lab, 7, unreachable={1}, no_daemon={2})
         b = prepare_bundle(bundles["v1"], deploy_keys["public"])
         policy = RolloutPolicy(concurrency=3, canary=1, batch_size=3, max_fail_share=0.34)
@@ -68,8 +63,6 @@ class TestRollout:
                 assert not (d.store / "bundles/digits").exists()
 
     def test_failing_canary_stops_everything(self, lab, bundles, deploy_keys):
-        lab.device("anchor", daemon=False)
-        lab.devices[0].stop()
         addrs = _fleet(lab, 4, unreachable={0})
         b = prepare_bundle(bundles["bad_health"], deploy_keys["public"])
         report = run_sync(rollout(b, addrs, FAST, RolloutPolicy(concurrency=4, canary=1)))
