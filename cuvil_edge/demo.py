@@ -164,10 +164,44 @@ def _serve(store: Path, board: str, requests: int) -> dict[str, Any] | None:
     table = Table(title=f"cuvil-edged on a simulated {board}: tritonclient, binary tensors")
     table.add_column("figure")
     table.add_column("value", justify="right")
-    for k, v in figures.items():
-        table.add_row(k, f"{v:.2f}" if isinstance(v, float) else str(v))
+    for label, value in _serving_rows(figures):
+        table.add_row(label, value)
     console.print(table)
     return figures
+
+
+def _serving_rows(f: dict[str, Any]) -> list[tuple[str, str]]:
+    """The serving figures worth reading, flattened from serve_and_measure's dict."""
+    server = f.get("server") or {}
+    board = f.get("board_metrics") or {}
+
+    def pick(prefix: str) -> float | None:
+        return next((v for k, v in board.items() if k.startswith(prefix)), None)
+
+    rows = [
+        ("requests / concurrency / errors", f"{f.get('requests')} / {f.get('concurrency')} / {f.get('errors')}"),
+        ("throughput", f"{f.get('throughput_rps', 0):.1f} req/s"),
+        ("latency p50 / p99", f"{f.get('p50_ms', 0):.1f} / {f.get('p99_ms', 0):.1f} ms"),
+        ("server: queue / compute per execution",
+         f"{server.get('queue_ms_mean', 0):.1f} / {server.get('compute_infer_ms_mean', 0):.1f} ms"),
+        ("batches / inferences", f"{server.get('executions')} / {server.get('inferences')}"),
+    ]
+    sim = [
+        ("simulated GPU / EMC utilization", pick("cuvil_board_gpu_utilization"), pick("cuvil_board_emc_utilization"),
+         "{:.0f} % / {:.0f} %"),
+        ("simulated RAM used / memory budget", (pick("cuvil_board_ram_used_bytes") or 0) / 2**20,
+         (pick("cuvil_memory_budget_bytes") or 0) / 2**20, "{:.0f} MB / {:.0f} MB"),
+    ]
+    for label, a, b, fmt in sim:
+        if a is not None and b is not None:
+            rows.append((label, fmt.format(a, b)))
+    power = pick('cuvil_board_power_milliwatts{rail="VDD_IN"}')
+    if power is not None:
+        rows.append(("simulated input power", f"{power / 1000:.1f} W"))
+    depth = pick("cuvil_prefetch_depth")
+    if depth is not None:
+        rows.append(("prefetch depth", f"{depth:.0f}"))
+    return rows
 
 
 def demo(
