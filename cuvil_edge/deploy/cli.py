@@ -140,10 +140,11 @@ def deploy_cmd(
 
         def on_result(r: Any) -> None:
             left = prepared.size - shown.get(r.device, 0)
-            bar.advance(overall, max(0, left))
-            shown[r.device] = prepared.size
+            bar.advance(overall, max(0, left))  # the overall bar counts devices finished, whatever the end
             if detail and r.device in per:
-                bar.update(per[r.device], completed=prepared.size, description=f"  {r.device}: {r.status}")
+                bar.update(per[r.device], completed=shown.get(r.device, 0) if not r.ok else prepared.size,
+                           description=f"  {r.device}: {r.status}")
+            shown[r.device] = prepared.size
 
         result = run_sync(rollout(prepared, devices, options, policy, progress, on_result))
     if report is not None:

@@ -324,12 +324,16 @@ async def _tell_daemon(tr: SSHTransport, base: str, model: str, options: DeployO
 async def _activate_and_check(tr: SSHTransport, manifest: dict[str, Any], inputs: bytes | None,
                               expected: bytes | None, options: DeployOptions) -> HealthResult:
     base, listener = await _daemon_base(tr)
+    # Messages name the daemon as the device sees it, not the local end of the forward.
+    where = f"127.0.0.1:{tr.address.daemon_port} on the device"
     try:
         err = await _tell_daemon(tr, base, manifest["name"], options)
         if err:
-            return HealthResult(False, err)
-        return await asyncio.to_thread(check_health, base, manifest, inputs, expected,
-                                       options.health_timeout, options.daemon_token)
+            return HealthResult(False, err.replace(base, where))
+        result = await asyncio.to_thread(check_health, base, manifest, inputs, expected,
+                                         options.health_timeout, options.daemon_token)
+        result.reason = result.reason.replace(base, where)
+        return result
     finally:
         listener.close()
 
@@ -442,7 +446,8 @@ async def device_status(address: DeviceAddress, name: str | None = None, options
                     status, _ = await asyncio.to_thread(_get, base, "/v2/health/ready", options.daemon_token)
                     out["daemon"] = "ready" if status == 200 else f"not ready (HTTP {status})"
                 except Exception as exc:  # noqa: BLE001 - any failure is "down" for the report
-                    out["daemon"] = f"down ({exc})"
+                    where = f"127.0.0.1:{address.daemon_port} on the device"
+                    out["daemon"] = f"down ({str(exc).replace(base, where)})"
                 models = []
                 for n in names:
                     state = await store.read_state(n)
