@@ -8,7 +8,8 @@ from cuvil_edge.deploy.device import DeployOptions, prepare_bundle
 from cuvil_edge.deploy.fleet import RolloutPolicy, load_inventory, rollout
 from cuvil_edge.deploy.transport import DeviceAddress, run_sync
 
-FAST = DeployOptions(health_timeout=3, connect_timeout=3)
+# A dead daemon or a refused load fails at once; the timeout only bounds a slow (loaded) machine.
+FAST = DeployOptions(health_timeout=30, connect_timeout=10)
 
 
 def _fleet(lab, n, unreachable=(), no_daemon=()):
