@@ -35,7 +35,7 @@ import asyncssh
 from cuvil_edge.bundle import verify_bundle
 from cuvil_edge.bundle.container import MANIFEST_NAME, SIGNATURE_NAME, iter_member_bytes
 from cuvil_edge.deploy.health import HealthResult, check_health, daemon_load, daemon_unload
-from cuvil_edge.deploy.layout import DeviceStore, check_component, now_iso
+from cuvil_edge.deploy.layout import DeviceBusy, DeviceLock, DeviceStore, check_component, now_iso
 from cuvil_edge.deploy.probe import DeviceFacts, IncompatibleDevice, check_compatible, probe_device
 from cuvil_edge.deploy.transport import DeviceAddress, SSHTransport, Unreachable
 from cuvil_edge.deploy.upload import CorruptUpload, file_sha256, upload_resumable
@@ -169,7 +169,7 @@ async def deploy_device(
             await _deploy(tr, bundle, options, res, progress)
     except Unreachable as exc:
         res.status, res.reason = "unreachable", str(exc)
-    except IncompatibleDevice as exc:
+    except (IncompatibleDevice, DeviceBusy) as exc:
         res.status, res.reason = "refused", str(exc)
     except DeployError as exc:
         res.status, res.reason = "failed", str(exc)
@@ -184,13 +184,26 @@ async def deploy_device(
 async def _deploy(tr: SSHTransport, bundle: PreparedBundle, options: DeployOptions, res: DeviceResult,
                   progress: Progress) -> None:
     label = tr.address.label
-    name, version = bundle.name, bundle.version
     store = DeviceStore(tr)
     res.stage = "probe"
     progress(label, "probe", 0, bundle.size)
     facts = await probe_device(tr)
     res.facts = facts.to_dict()
     res.notes += check_compatible(bundle.manifest, facts, label)
+    # Nothing on the device changes before this point: a refused device keeps no trace.
+    lock = DeviceLock(tr)
+    await lock.acquire()
+    try:
+        await _deploy_locked(tr, store, bundle, options, res, progress)
+    finally:
+        with contextlib.suppress(DeployError):
+            await lock.release()
+
+
+async def _deploy_locked(tr: SSHTransport, store: DeviceStore, bundle: PreparedBundle, options: DeployOptions,
+                         res: DeviceResult, progress: Progress) -> None:
+    label = tr.address.label
+    name, version = bundle.name, bundle.version
     current = await store.current(name)
     state = await store.read_state(name)
     res.previous = current
@@ -391,41 +404,53 @@ async def rollback_device(
     t0 = time.monotonic()
     try:
         async with SSHTransport(address, options.connect_timeout) as tr:
-            store = DeviceStore(tr)
-            current = await store.current(name)
-            state = await store.read_state(name)
-            target = version or state.get("previous")
-            if not target:
-                older = [v for v in await store.versions(name) if v != current]
-                target = older[-1] if older else None
-            if not target:
-                raise DeployError(f"{address.label}: {name} has no previous version to roll back to")
-            check_component("version", target)
-            if await store.manifest_bytes(name, target) is None:
-                raise DeployError(f"{address.label}: {name} {target} is not on the device; "
-                                  f"present: {', '.join(await store.versions(name)) or 'none'}")
-            res.version, res.previous = target, current
-            await store.switch(name, target)
-            manifest, inputs, expected = await _read_sample(tr, store, name, target)
-            health = await _activate_and_check(tr, manifest or {"name": name, "version": target}, inputs,
-                                               expected, options)
-            res.health = health.to_dict()
-            if not health.ok:
-                res.reason = f"health gate failed on {target}: {health.reason}"
-                if current and current != target:
-                    res.notes.append(await _switch_back(tr, store, name, target, current, options))
-                res.status = "rolled-back"
-            else:
-                res.status = "deployed"
-                await store.record(name, "rollback", target, f"from {current}",
-                                   previous=current if current != target else state.get("previous"),
-                                   pending=None)
+            lock = DeviceLock(tr)
+            await lock.acquire()
+            try:
+                await _rollback(tr, res, name, version, options)
+            finally:
+                with contextlib.suppress(DeployError):
+                    await lock.release()
     except Unreachable as exc:
         res.status, res.reason = "unreachable", str(exc)
     except DeployError as exc:
         res.status, res.reason = "failed", str(exc)
     res.seconds = round(time.monotonic() - t0, 3)
     return res
+
+
+async def _rollback(tr: SSHTransport, res: DeviceResult, name: str, version: str | None,
+                    options: DeployOptions) -> None:
+    address = tr.address
+    store = DeviceStore(tr)
+    current = await store.current(name)
+    state = await store.read_state(name)
+    target = version or state.get("previous")
+    if not target:
+        older = [v for v in await store.versions(name) if v != current]
+        target = older[-1] if older else None
+    if not target:
+        raise DeployError(f"{address.label}: {name} has no previous version to roll back to")
+    check_component("version", target)
+    if await store.manifest_bytes(name, target) is None:
+        raise DeployError(f"{address.label}: {name} {target} is not on the device; "
+                          f"present: {', '.join(await store.versions(name)) or 'none'}")
+    res.version, res.previous = target, current
+    await store.switch(name, target)
+    manifest, inputs, expected = await _read_sample(tr, store, name, target)
+    health = await _activate_and_check(tr, manifest or {"name": name, "version": target}, inputs,
+                                       expected, options)
+    res.health = health.to_dict()
+    if not health.ok:
+        res.reason = f"health gate failed on {target}: {health.reason}"
+        if current and current != target:
+            res.notes.append(await _switch_back(tr, store, name, target, current, options))
+        res.status = "rolled-back"
+    else:
+        res.status = "deployed"
+        await store.record(name, "rollback", target, f"from {current}",
+                           previous=current if current != target else state.get("previous"),
+                           pending=None)
 
 
 async def device_status(address: DeviceAddress, name: str | None = None, options: DeployOptions | None = None,

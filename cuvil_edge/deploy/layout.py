@@ -9,6 +9,7 @@ Layout (DESIGN.md; ``<store>`` defaults to ``/var/lib/cuvil-edge``)::
     <store>/deploy/staging/<name>-<version>.<pid>/   extraction in progress (same file system)
     <store>/deploy/state/<name>.json         previous version, install records, recent events
     <store>/deploy/quarantine/<name>/<version>/  a version that failed a fresh install's gate
+    <store>/deploy/lock                      held by the deploy or rollback in progress
 
 The switch is one atomic step: a ``current.new`` symlink renamed over ``current``. Deploy state
 lives outside ``bundles/`` so the daemon never mistakes it for a version. A version that fails
@@ -26,10 +27,12 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+import asyncssh
+
 from cuvil_edge.deploy.transport import SSHTransport
 from cuvil_edge.errors import DeployError
 
-__all__ = ["DeviceStore", "check_component"]
+__all__ = ["DeviceBusy", "DeviceLock", "DeviceStore", "check_component"]
 
 _SAFE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,127}")
 _RESERVED = {"current", "current.new", "previous"}
@@ -180,3 +183,88 @@ class DeviceStore:
                                     "detail": ", ".join(removed)})
             await self.write_state(name, state)
         return removed
+
+
+class DeviceBusy(DeployError):
+    """Another deploy or rollback holds the device's lock."""
+
+
+@dataclass
+class DeviceLock:
+    """``<store>/deploy/lock``: one deploy or rollback at a time per device.
+
+    Created with an exclusive SFTP open. A lock is taken over when its lease has expired, or when
+    it was left by this host (same host name) by a process that is gone or by this very process
+    (a run whose link died before it could unlock). Otherwise the device is busy.
+    """
+
+    tr: SSHTransport
+    lease_s: float = 1800.0
+
+    @property
+    def path(self) -> str:
+        return os.path.join(self.tr.address.store_root, "deploy", "lock")
+
+    def _record(self) -> bytes:
+        import socket
+        import time
+
+        now = time.time()
+        return json.dumps({"host": socket.gethostname(), "pid": os.getpid(), "since": now,
+                           "expires": now + self.lease_s, "at": now_iso()}).encode()
+
+    async def acquire(self) -> None:
+        await self.tr.makedirs(os.path.dirname(self.path))
+        for _ in range(2):
+            try:
+                f = await self.tr.sftp.open(self.path, "xb")  # type: ignore[union-attr]
+            except asyncssh.SFTPFailure:
+                if not await self._stale():
+                    raise
+                await self.tr.remove(self.path)
+                continue
+            except asyncssh.Error as exc:
+                raise self.tr._error("lock", self.path, exc) from exc
+            try:
+                await f.write(self._record())
+            finally:
+                await f.close()
+            return
+        raise DeviceBusy(f"{self.tr.address.label}: could not take {self.path}")
+
+    async def _stale(self) -> bool:
+        import socket
+        import time
+
+        raw = await self.tr.read_bytes(self.path, 65536)
+        if raw is None:
+            return True
+        try:
+            holder = json.loads(raw)
+        except ValueError:
+            return True  # half-written by a run that died
+        if float(holder.get("expires", 0)) < time.time():
+            return True
+        if holder.get("host") == socket.gethostname():
+            pid = int(holder.get("pid", -1))
+            if pid == os.getpid() or not _pid_alive(pid):
+                return True
+        raise DeviceBusy(
+            f"{self.tr.address.label}: busy: a deploy from {holder.get('host')} (pid {holder.get('pid')}) holds "
+            f"{self.path} since {holder.get('at')}; retry later, or remove the file if that run is gone"
+        )
+
+    async def release(self) -> None:
+        await self.tr.remove(self.path)
+
+
+def _pid_alive(pid: int) -> bool:
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

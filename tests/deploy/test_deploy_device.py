@@ -155,3 +155,22 @@ class TestDeployDevice:
         assert r.status == "deployed", r.reason
         assert os.readlink(dev.store / "bundles/digits/current") == "1.2.0"
         assert lab.daemons["dev0"].get("/v2/models/digits/versions/1.2.0/ready")[0] == 200
+
+
+class TestDeviceLock:
+    def test_busy_device_refused_stale_lock_taken_over(self, lab, bundles, deploy_keys):
+        import time
+
+        dev = lab.device("dev0")
+        b1 = prepare_bundle(bundles["v1"], deploy_keys["public"])
+        lock = dev.store / "deploy/lock"
+        lock.parent.mkdir(parents=True)
+        lock.write_text(json.dumps({"host": "other-laptop", "pid": 4242, "since": time.time(),
+                                    "expires": time.time() + 600, "at": "now"}))
+        r = run_sync(deploy_device(b1, lab.address(dev)))
+        assert r.status == "refused" and "busy" in r.reason and "other-laptop" in r.reason
+        assert not (dev.store / "bundles/digits").exists()
+        lock.write_text(json.dumps({"host": "other-laptop", "pid": 4242, "since": 0, "expires": 1, "at": "then"}))
+        r = run_sync(deploy_device(b1, lab.address(dev)))
+        assert r.status == "deployed", r.reason
+        assert not lock.exists()
