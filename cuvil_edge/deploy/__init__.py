@@ -17,24 +17,34 @@ from cuvil_edge.deploy.device import (
     prepare_bundle,
     rollback_device,
 )
+from cuvil_edge.deploy.fleet import FleetReport, RolloutPolicy, load_inventory, rollout
+from cuvil_edge.deploy.install import InstallResult, install_daemon
+from cuvil_edge.deploy.layout import DeviceBusy
 from cuvil_edge.deploy.probe import DeviceFacts, IncompatibleDevice, check_compatible, probe_device
 from cuvil_edge.deploy.transport import DeviceAddress, SSHTransport, Unreachable, parse_address, run_sync
 
 __all__ = [
     "DeployOptions",
     "DeviceAddress",
+    "DeviceBusy",
     "DeviceFacts",
     "DeviceResult",
+    "FleetReport",
     "IncompatibleDevice",
+    "InstallResult",
     "PreparedBundle",
+    "RolloutPolicy",
     "SSHTransport",
     "Unreachable",
     "check_compatible",
     "deploy_device",
     "device_status",
+    "install_daemon",
+    "load_inventory",
     "parse_address",
     "prepare_bundle",
     "probe_device",
     "rollback_device",
+    "rollout",
     "run_sync",
 ]

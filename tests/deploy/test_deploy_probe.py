@@ -91,3 +91,13 @@ class TestCompatible:
         no_trt = DeviceFacts(arch="aarch64", profile="orin-nano-8gb", l4t="36.4.3")
         with pytest.raises(IncompatibleDevice, match="install JetPack"):
             check_compatible(_manifest("orin-nano-8gb", "tensorrt"), no_trt)
+
+
+def test_exported_members():
+    import cuvil_edge.deploy as deploy
+
+    assert deploy.__all__ == sorted(deploy.__all__)
+    for name in deploy.__all__:
+        assert getattr(deploy, name) is not None
+    assert {"deploy_device", "rollout", "rollback_device", "device_status", "install_daemon",
+            "prepare_bundle", "DeviceAddress", "RolloutPolicy"} <= set(deploy.__all__)
