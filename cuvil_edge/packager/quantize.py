@@ -37,6 +37,9 @@ __all__ = ["MixedResult", "Quantizer", "convert_fp16", "layer_groups", "symmetri
 # Mean KL (nats) the mixed search accepts on its data when the recipe sets no max_mean_kl; on
 # EfficientNet-Lite0 this is where held-out top-5 containment reached 1.0 (PEERS.md trial data).
 SEARCH_KL_BUDGET = 0.02
+# Calibration batches (of 16) per ONNX Runtime collection pass: bounds peak memory to about 1.5 GB for
+# EfficientNet-Lite0 whatever the number of calibration samples.
+CALIB_CHUNK_BATCHES = 2
 
 _QUANT_OPS = ("Conv", "ConvTranspose", "Gemm", "MatMul", "Add", "Mul", "GlobalAveragePool", "AveragePool",
               "MaxPool", "Concat", "Resize", "Sigmoid", "Clip", "Relu", "Flatten", "Reshape", "Transpose")
@@ -50,21 +53,29 @@ def convert_fp16(model: onnx.ModelProto) -> onnx.ModelProto:
 
 
 class _Reader:
-    """ONNX Runtime CalibrationDataReader over a Dataset, in batches."""
+    """ONNX Runtime CalibrationDataReader over a Dataset, in batches.
+
+    ``set_range`` lets ONNX Runtime calibrate in chunks (``CalibStridedMinMax``): its calibrators
+    otherwise hold every intermediate tensor of every sample at once (EfficientNet-Lite0 needs about
+    47 MB per sample, so 512 samples took 24 GB and were OOM-killed here).
+    """
 
     def __init__(self, data: Dataset, batch: int = 16, on_batch: Callable[[int, int], None] | None = None) -> None:
         self._data = data
         self._batch = batch
         self._on_batch = on_batch
+        self._range = (0, len(self))
         self._it: Iterator[dict[str, np.ndarray]] | None = None
 
     def _gen(self) -> Iterator[dict[str, np.ndarray]]:
         total = len(self._data)
-        for start in range(0, total, self._batch):
+        first, last = self._range
+        for b in range(first, last):
+            start = b * self._batch
             if self._on_batch is not None:
                 self._on_batch(start, total)
             yield {k: v[start : start + self._batch] for k, v in self._data.inputs.items()}
-        if self._on_batch is not None:
+        if self._on_batch is not None and last == len(self):
             self._on_batch(total, total)
 
     def get_next(self) -> dict[str, np.ndarray] | None:
@@ -74,6 +85,16 @@ class _Reader:
 
     def rewind(self) -> None:
         self._it = None
+
+    def set_range(self, start_index: int, end_index: int) -> None:
+        """Restrict the next pass to batches [start_index, end_index)."""
+        self._range = (start_index, min(end_index, len(self)))
+        self._it = None
+
+    def chunk_batches(self, max_batches: int = CALIB_CHUNK_BATCHES) -> int:
+        """Largest divisor of the batch count up to ``max_batches`` (ONNX Runtime wants an exact split)."""
+        n = len(self)
+        return max(d for d in range(1, max(1, min(max_batches, n)) + 1) if n % d == 0)
 
     def __len__(self) -> int:
         return (len(self._data) + self._batch - 1) // self._batch
@@ -203,6 +224,7 @@ class Quantizer:
             kwargs["calibration_cache_path"] = str(self._cache)
         first = not (self._calibrated and self._supports_cache)
         reader = _Reader(self.calibration, on_batch=(lambda d, t: self._bar("calibrating", d, t)) if first else None)
+        kwargs["extra_options"]["CalibStridedMinMax"] = reader.chunk_batches()
         try:
             _quantize_static()(
                 str(self._prepared), str(out), reader,
