@@ -55,6 +55,7 @@ class Recipe:
     calibration_data: str = ""
     calibration_samples: int = 128
     calibration_method: str = "percentile"
+    bias_correction: bool = True
     evaluation_data: str = ""
     evaluation_samples: int = 200
     sensitivity_samples: int = 96
@@ -75,6 +76,7 @@ class Recipe:
                 "data": self.calibration_data,
                 "samples": self.calibration_samples,
                 "method": self.calibration_method,
+                "bias_correction": self.bias_correction,
             },
             "evaluation": {
                 "data": self.evaluation_data,
@@ -239,6 +241,7 @@ def recipe_from_dict(data: dict[str, Any], where: str = "recipe", base: Path | N
         calibration_data=_resolve(_get(calib, "data", str, f"{where} [calibration]", ""), base),
         calibration_samples=samples["calibration"],
         calibration_method=method,
+        bias_correction=_get(calib, "bias_correction", bool, f"{where} [calibration]", True),
         evaluation_data=_resolve(_get(evaluation, "data", str, f"{where} [evaluation]", ""), base),
         evaluation_samples=samples["evaluation"],
         sensitivity_samples=_get(evaluation, "sensitivity_samples", int, f"{where} [evaluation]", 96),

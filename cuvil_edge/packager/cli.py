@@ -128,7 +128,7 @@ def quantize_cmd(
     kind = rec.postprocess.get("kind", "classification")
     with packaging_progress(console) as (say, bar):
         q, info = quantize_model(m, get_target(rec.target), rec.precision, cal, kind, rec.accuracy,
-                                 rec.calibration_method, None, say, bar)
+                                 rec.calibration_method, None, say, bar, rec.bias_correction)
     atomic_write_bytes(out, q.SerializeToString())
     console.print(f"[green]PASSED[/] wrote {out} ({info['runtime_format']} format)")
 

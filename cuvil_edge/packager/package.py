@@ -22,7 +22,7 @@ import onnx
 from cuvil_edge.errors import DataError, KernelError, ModelError, RecipeError
 from cuvil_edge.packager.data import Dataset, InputSpec, load_dataset
 from cuvil_edge.packager.load import load_model, model_inputs, model_outputs
-from cuvil_edge.packager.quantize import Quantizer, convert_fp16
+from cuvil_edge.packager.quantize import MixedResult, Quantizer, convert_fp16
 from cuvil_edge.packager.validate import ValidationReport, make_session, run_model, validate_models
 from cuvil_edge.recipes import AccuracyGoal, Recipe
 from cuvil_edge.targets import Target, get_target
@@ -98,6 +98,7 @@ def quantize_model(
     sensitivity: Dataset | None = None,
     progress: Progress | None = None,
     bar: Bar | None = None,
+    bias_correction: bool = True,
 ) -> tuple[onnx.ModelProto, dict[str, Any]]:
     """The model in ``precision`` for ``target``'s runtime, with what the search found."""
     say = progress or (lambda msg: None)
@@ -109,11 +110,15 @@ def quantize_model(
     if calibration is None:
         raise DataError(f"precision '{precision}' needs calibration data: pass --calib DIR or set [calibration] data")
     say(f"calibrating on {len(calibration)} samples ({method})")
-    with _quiet(), Quantizer(model, target.runtime_format, calibration, method, progress=say, bar=bar) as q:
-        if precision == "int8":
-            return q.quantize(), info
-        search = sensitivity if sensitivity is not None else calibration
-        result = q.mixed(search, kind, goal)
+    search = sensitivity if sensitivity is not None else calibration
+    with _quiet(), Quantizer(model, target.runtime_format, calibration, method, progress=say, bar=bar,
+                             bias_correction=bias_correction) as q:
+        result = MixedResult(q.quantize(), [], {}, []) if precision == "int8" else q.mixed(search, kind, goal)
+        info["bias_corrected_convs"] = len(q.corrected)
+    if bias_correction:
+        say(f"bias correction on {len(q.corrected)} quantized convolution(s)")
+    if precision == "int8":
+        return result.model, info
     info.update(
         {
             "kept_float_groups": result.kept_float,
@@ -227,7 +232,7 @@ def package(
 
     t = time.perf_counter()
     quantized, qinfo = quantize_model(model, target, recipe.precision, calib, kind, recipe.accuracy,
-                                      recipe.calibration_method, sensitivity, say, bar)
+                                      recipe.calibration_method, sensitivity, say, bar, recipe.bias_correction)
     timings["quantize"] = time.perf_counter() - t
 
     t = time.perf_counter()

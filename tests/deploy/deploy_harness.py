@@ -39,6 +39,21 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+_HELD_PORTS: list[socket.socket] = []
+
+
+def refused_port() -> int:
+    """A port that refuses connections for the whole session: bound, never listening, kept open.
+
+    A port from ``free_port`` can be taken by the next sshd or daemon a test starts, which turns an
+    "unreachable" device into a reachable one (seen once in a full run).
+    """
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    _HELD_PORTS.append(s)
+    return int(s.getsockname()[1])
+
+
 def make_key(path: Path) -> str:
     """Write a fresh ed25519 private key to ``path`` (0600); return the public key line."""
     key = asyncssh.generate_private_key("ssh-ed25519")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from deploy_harness import Daemon, free_port
+from deploy_harness import Daemon, refused_port
 
 from cuvil_edge.deploy.device import DeployOptions, prepare_bundle
 from cuvil_edge.deploy.fleet import RolloutPolicy, load_inventory, rollout
@@ -18,7 +18,7 @@ def _fleet(lab, n, unreachable=(), no_daemon=()):
     for i in range(n):
         name = f"dev{i}"
         if i in unreachable:  # nothing listens on this port
-            addrs.append(DeviceAddress(host="127.0.0.1", port=free_port(), user="root", name=name,
+            addrs.append(DeviceAddress(host="127.0.0.1", port=refused_port(), user="root", name=name,
                                        identity=str(lab.keys["client"]), known_hosts=str(lab.known_hosts)))
             continue
         dev = lab.device(name, daemon=i not in no_daemon)
