@@ -35,6 +35,7 @@ import argparse
 import json
 import os
 import platform
+import shlex
 import shutil
 import signal
 import subprocess
@@ -367,9 +368,10 @@ def interleaved(targets: list[tuple[str, str, Proc]], model: str, x: np.ndarray,
 def inprocess_ort(path: Path, x: np.ndarray, duration: float) -> dict[str, Any]:
     import onnxruntime as ort
 
-    # The daemon's session options (no intra-op spinning), so the difference is the serving path.
+    # The daemon's default session options (ONNX Runtime's: spinning on, one inter-op thread), so
+    # the difference is the serving path.
     so = ort.SessionOptions()
-    so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    so.inter_op_num_threads = 1
     sess = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
     for _ in range(20):
         sess.run(None, {"input": x})
@@ -418,6 +420,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="short runs (smoke test of the benchmark itself)")
     ap.add_argument("--no-triton", action="store_true", help="skip Triton (when nvidia-pytriton is missing)")
     ap.add_argument("--rounds", type=int, default=None, help="interleaved rounds per comparison (default 3)")
+    ap.add_argument("--daemon-args", default="", help="extra cuvil-edged arguments for every daemon, e.g. '--spin 1'")
     ap.add_argument("--out", type=Path, default=RESULTS / "serving.json")
     args = ap.parse_args(argv)
     which = [m for m in args.models.split(",") if m]
@@ -439,15 +442,17 @@ def main(argv: list[str] | None = None) -> int:
                    f"127.0.0.1 sharing the machine's cores with the client; {rounds} interleaved rounds "
                    "per comparison, merged"),
         "versions": _versions(),
+        "daemon_args": args.daemon_args,
         "models": {},
     }
     procs: list[Proc] = []
     try:
-        cuvil, cuvil_url = start_cuvil(store, work)
+        extra = shlex.split(args.daemon_args)
+        cuvil, cuvil_url = start_cuvil(store, work, *extra)
         procs.append(cuvil)
-        nobatch, nobatch_url = start_cuvil(store_nobatch, work)
+        nobatch, nobatch_url = start_cuvil(store_nobatch, work, *extra)
         procs.append(nobatch)
-        fixed, fixed_url = start_cuvil(store, work, "--batch-autotune", "0")
+        fixed, fixed_url = start_cuvil(store, work, "--batch-autotune", "0", *extra)
         procs.append(fixed)
         triton = triton_url = None
         if not args.no_triton:

@@ -57,6 +57,7 @@ class Config:
     board: str | None = None
     device: str = "auto"
     intra_op_threads: int = 0
+    spin: bool = True
     max_batch: int | None = None
     preferred_batch: list[int] = field(default_factory=list)
     max_queue_delay_us: int = 0
@@ -104,6 +105,8 @@ OPTIONS: dict[str, tuple[Any, str]] = {
     "board": (str, "board profile name (cuvil-edge targets) for the memory budget"),
     "device": (str, "auto | cpu | gpu: where backends run"),
     "intra_op_threads": (int, "threads per inference (0: runtime default)"),
+    "spin": (_bool, "let ONNX Runtime's CPU threads spin between operators (its default): lower latency "
+             "for models of several ms; 0 frees the cores between requests for other work"),
     "max_batch": (int, "cap every model's dynamic batch size (default: the manifest's max_batch)"),
     "preferred_batch": (_int_list, "comma-separated preferred batch sizes for the dynamic batcher"),
     "max_queue_delay_us": (int, "longest a request waits for a batch to fill, microseconds"),

@@ -148,7 +148,7 @@ class Server:
         self.store.check()
         self.resources.start()
         opts = BackendOptions(device=cfg.device, intra_op_threads=cfg.intra_op_threads,
-                              max_batch=cfg.max_batch)
+                              max_batch=cfg.max_batch, extra={"spin": cfg.spin})
         self.registry = ModelRegistry(self.store, opts, cfg, admit=self.resources.admit,
                                       release=self.resources.release, measured=self.resources.measured,
                                       pool=self.resources.pool)

@@ -73,3 +73,26 @@ def test_load_backend_picks_ort_without_tensorrt(tmp_path, digits_model):
     assert not backend.is_active
     with pytest.raises(DaemonError, match="tensorrt"):
         load_backend(tmp_path, manifest, kind="tensorrt")
+
+
+@pytest.mark.parametrize("spin, expected", [(None, "1"), (True, "1"), (False, "0")])
+def test_ort_spinning_follows_the_option(digits_model, spin, expected):
+    """Spinning is ONNX Runtime's default and the daemon's; ``--spin 0`` turns it off."""
+    from cuvil_edge.runtime.base import BackendOptions
+    from cuvil_edge.runtime.ort import OrtBackend
+
+    extra = {} if spin is None else {"spin": spin}
+    with OrtBackend(digits_model, BackendOptions(extra=extra)) as backend:
+        so = backend._session.get_session_options()
+        try:
+            value = so.get_session_config_entry("session.intra_op.allow_spinning")
+        except RuntimeError:  # not set: ONNX Runtime's default, which spins
+            value = "1"
+        assert value == expected
+
+
+def test_daemon_spin_option_reaches_the_backend():
+    from cuvil_edge.daemon.config import load
+
+    assert load(["--spin", "0"]).spin is False
+    assert load([]).spin is True
