@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -188,6 +189,24 @@ def _size(n: int) -> str:
     return str(n)
 
 
+def _on_each(devices: list[Any], call: Callable[[Any], Awaitable[Any]], limit: int = 8) -> list[Any]:
+    """``call`` on every device, ``limit`` at a time; results in device order."""
+    import asyncio
+
+    from cuvil_edge.deploy.transport import run_sync
+
+    async def run() -> list[Any]:
+        sem = asyncio.Semaphore(limit)
+
+        async def one(device: Any) -> Any:
+            async with sem:
+                return await call(device)
+
+        return list(await asyncio.gather(*(one(d) for d in devices)))
+
+    return run_sync(run())
+
+
 def rollback_cmd(
     name: str = typer.Argument(..., help="Bundle (model) name."),
     to: list[str] = TO,
@@ -205,26 +224,13 @@ def rollback_cmd(
     as_json: bool = AS_JSON,
 ) -> None:
     """Switch a model back to its previous version (or --version) on each device, health-gated."""
-    import asyncio
-
     from cuvil_edge.deploy.device import DeployOptions, rollback_device
-    from cuvil_edge.deploy.transport import run_sync
 
     t0 = time.monotonic()
     devices = _devices(to, inventory, identity, known_hosts, no_host_key_check, root, store, daemon_port)
     options = DeployOptions(health_timeout=health_timeout, daemon_token=daemon_token,
                             connect_timeout=connect_timeout)
-
-    async def all_devices() -> list:
-        sem = asyncio.Semaphore(8)
-
-        async def one(d: Any) -> Any:
-            async with sem:
-                return await rollback_device(d, name, version, options)
-
-        return list(await asyncio.gather(*(one(d) for d in devices)))
-
-    results = run_sync(all_devices())
+    results = _on_each(devices, lambda d: rollback_device(d, name, version, options))
     if as_json:
         print(json.dumps([r.to_dict() for r in results], indent=2))
     else:
@@ -258,24 +264,11 @@ def status_cmd(
     as_json: bool = AS_JSON,
 ) -> None:
     """Per device: versions present, current and previous, daemon and model health, board facts."""
-    import asyncio
-
     from cuvil_edge.deploy.device import DeployOptions, device_status
-    from cuvil_edge.deploy.transport import run_sync
 
     devices = _devices(to, inventory, identity, known_hosts, no_host_key_check, root, store, daemon_port)
     options = DeployOptions(daemon_token=daemon_token, connect_timeout=connect_timeout)
-
-    async def all_devices() -> list:
-        sem = asyncio.Semaphore(8)
-
-        async def one(d: Any) -> Any:
-            async with sem:
-                return await device_status(d, name, options)
-
-        return list(await asyncio.gather(*(one(d) for d in devices)))
-
-    results = run_sync(all_devices())
+    results = _on_each(devices, lambda d: device_status(d, name, options))
     if as_json:
         print(json.dumps(results, indent=2))
     else:
