@@ -306,19 +306,12 @@ def install_daemon_cmd(
     as_json: bool = AS_JSON,
 ) -> None:
     """Install the daemon's systemd unit on each device and enable it (daemon-reload where systemd runs)."""
-    import asyncio
-
     from cuvil_edge.deploy.install import install_daemon, read_unit
-    from cuvil_edge.deploy.transport import run_sync
 
     t0 = time.monotonic()
     devices = _devices(to, inventory, identity, known_hosts, no_host_key_check, root, None, None)
     data = read_unit(unit)
-
-    async def all_devices() -> list:
-        return list(await asyncio.gather(*(install_daemon(d, data, start, connect_timeout) for d in devices)))
-
-    results = run_sync(all_devices())
+    results = _on_each(devices, lambda d: install_daemon(d, data, start, connect_timeout), limit=max(1, len(devices)))
     if as_json:
         print(json.dumps([r.to_dict() for r in results], indent=2))
     else:

@@ -11,7 +11,6 @@ weights it actually produced, so excluded (float) layers and any rounding rule a
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterable
 
 import numpy as np
 import onnx
@@ -80,8 +79,8 @@ def _shift(delta: np.ndarray, mean: np.ndarray, group: int) -> np.ndarray | None
     return (per_in * means).sum(axis=1)
 
 
-def correct_biases(quantized: onnx.ModelProto, float_model: onnx.ModelProto, means: dict[str, np.ndarray],
-                   only: Iterable[str] | None = None) -> list[str]:
+def correct_biases(quantized: onnx.ModelProto, float_model: onnx.ModelProto, means: dict[str, np.ndarray]
+                   ) -> list[str]:
     """Subtract each quantized Conv's mean output shift from its bias, in place.
 
     Works on ONNX Runtime's QDQ output: weights behind a DequantizeLinear, biases either float
@@ -91,7 +90,6 @@ def correct_biases(quantized: onnx.ModelProto, float_model: onnx.ModelProto, mea
     Returns:
         list[str]: names of the Convs whose bias was corrected.
     """
-    wanted = set(only) if only is not None else None
     inits = _initializers(quantized)
     float_weights = {n.name: n.input[1] for n in float_model.graph.node if n.op_type == "Conv"}
     float_inits = _initializers(float_model)
@@ -103,8 +101,6 @@ def correct_biases(quantized: onnx.ModelProto, float_model: onnx.ModelProto, mea
     corrected: list[str] = []
     for node in quantized.graph.node:
         if node.op_type != "Conv" or len(node.input) < 3 or node.name not in means:
-            continue
-        if wanted is not None and node.name not in wanted:
             continue
         w_dq, b_src = producers.get(node.input[1]), node.input[2]
         w_name = float_weights.get(node.name)

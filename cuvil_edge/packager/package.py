@@ -22,7 +22,7 @@ import onnx
 from cuvil_edge.errors import DataError, KernelError, ModelError, RecipeError
 from cuvil_edge.packager.data import Dataset, InputSpec, load_dataset
 from cuvil_edge.packager.load import load_model, model_inputs, model_outputs
-from cuvil_edge.packager.quantize import MixedResult, Quantizer, convert_fp16
+from cuvil_edge.packager.quantize import Quantizer, convert_fp16
 from cuvil_edge.packager.validate import ValidationReport, make_session, run_model, validate_models
 from cuvil_edge.recipes import AccuracyGoal, Recipe
 from cuvil_edge.targets import Target, get_target
@@ -113,21 +113,21 @@ def quantize_model(
     search = sensitivity if sensitivity is not None else calibration
     with _quiet(), Quantizer(model, target.runtime_format, calibration, method, progress=say, bar=bar,
                              bias_correction=bias_correction) as q:
-        result = MixedResult(q.quantize(), [], {}, []) if precision == "int8" else q.mixed(search, kind, goal)
+        result = q.mixed(search, kind, goal) if precision == "mixed" else None
+        quantized = result.model if result is not None else q.quantize()
         info["bias_corrected_convs"] = len(q.corrected)
     if bias_correction:
-        say(f"bias correction on {len(q.corrected)} quantized convolution(s)")
-    if precision == "int8":
-        return result.model, info
-    info.update(
-        {
-            "kept_float_groups": result.kept_float,
-            "sensitivity": result.sensitivity,
-            "search_data": search.source,
-            "search_steps": result.steps,
-        }
-    )
-    return result.model, info
+        say(f"bias correction on {info['bias_corrected_convs']} quantized convolution(s)")
+    if result is not None:
+        info.update(
+            {
+                "kept_float_groups": result.kept_float,
+                "sensitivity": result.sensitivity,
+                "search_data": search.source,
+                "search_steps": result.steps,
+            }
+        )
+    return quantized, info
 
 
 def sample_members(model_bytes: bytes, evaluation: Dataset) -> tuple[bytes, bytes, dict[str, float]]:

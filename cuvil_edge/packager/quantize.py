@@ -174,8 +174,8 @@ class Quantizer:
         self._cache = self._dir / "calibration.cache"
         self._supports_cache = "calibration_cache_path" in inspect.signature(_quantize_static()).parameters
         self.bias_correction = bias_correction
-        self._means: dict[str, np.ndarray] | None = None
-        self._prepared_model: onnx.ModelProto | None = None
+        # (prepared float model, per-Conv input means), computed on the first quantize() only.
+        self._bias_reference: tuple[onnx.ModelProto, dict[str, np.ndarray]] | None = None
         self.corrected: list[str] = []
 
     def close(self) -> None:
@@ -244,11 +244,10 @@ class Quantizer:
         self._calibrated = True
         model = onnx.load(str(out))
         if self.bias_correction:
-            if self._means is None:
-                self._prepared_model = onnx.load(str(self._prepared))
-                self._means = conv_input_means(self._prepared_model, self.calibration)
-            assert self._prepared_model is not None
-            self.corrected = correct_biases(model, self._prepared_model, self._means)
+            if self._bias_reference is None:
+                prepared = onnx.load(str(self._prepared))
+                self._bias_reference = (prepared, conv_input_means(prepared, self.calibration))
+            self.corrected = correct_biases(model, *self._bias_reference)
         if self.runtime_format == "tensorrt" and not symmetric_zero_points(model):
             raise QuantizationError("quantizer produced a non-zero zero-point; TensorRT needs symmetric Q/DQ")
         return model
