@@ -25,7 +25,7 @@ import contextlib
 import hashlib
 import os
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -318,9 +318,20 @@ async def _install(tr: SSHTransport, store: DeviceStore, bundle: PreparedBundle,
                        versions=state["versions"])
 
 
-async def _daemon_base(tr: SSHTransport) -> tuple[str, Any]:
+@contextlib.asynccontextmanager
+async def _daemon_forward(tr: SSHTransport) -> AsyncIterator[str]:
+    """The daemon's base URL through an SSH port forward, closed (and waited for) on exit.
+
+    Waiting matters: a forward still closing when the event loop ends leaves its sockets to the
+    garbage collector.
+    """
     listener = await tr.forward_local(tr.address.daemon_port)
-    return f"http://127.0.0.1:{listener.get_port()}", listener
+    try:
+        yield f"http://127.0.0.1:{listener.get_port()}"
+    finally:
+        listener.close()
+        with contextlib.suppress(Exception):
+            await listener.wait_closed()
 
 
 async def _tell_daemon(tr: SSHTransport, base: str, model: str, options: DeployOptions) -> str | None:
@@ -336,10 +347,9 @@ async def _tell_daemon(tr: SSHTransport, base: str, model: str, options: DeployO
 
 async def _activate_and_check(tr: SSHTransport, manifest: dict[str, Any], inputs: bytes | None,
                               expected: bytes | None, options: DeployOptions) -> HealthResult:
-    base, listener = await _daemon_base(tr)
     # Messages name the daemon as the device sees it, not the local end of the forward.
     where = f"127.0.0.1:{tr.address.daemon_port} on the device"
-    try:
+    async with _daemon_forward(tr) as base:
         err = await _tell_daemon(tr, base, manifest["name"], options)
         if err:
             return HealthResult(False, err.replace(base, where))
@@ -347,8 +357,6 @@ async def _activate_and_check(tr: SSHTransport, manifest: dict[str, Any], inputs
                                          options.health_timeout, options.daemon_token)
         result.reason = result.reason.replace(base, where)
         return result
-    finally:
-        listener.close()
 
 
 async def _read_sample(tr: SSHTransport, store: DeviceStore, name: str, version: str
@@ -376,11 +384,8 @@ async def _switch_back(tr: SSHTransport, store: DeviceStore, name: str, failed: 
         await tr.rmtree(quarantine)
         await tr.makedirs(os.path.dirname(quarantine))
         await tr.rename(store.version_dir(name, failed), quarantine)
-        base, listener = await _daemon_base(tr)
-        try:
+        async with _daemon_forward(tr) as base:
             await asyncio.to_thread(daemon_unload, base, name, 30.0, options.daemon_token)
-        finally:
-            listener.close()
         return f"no previous version: removed current, moved {failed} to quarantine, unloaded {name}"
     await store.switch(name, previous)
     manifest, inputs, expected = await _read_sample(tr, store, name, previous)
@@ -465,8 +470,7 @@ async def device_status(address: DeviceAddress, name: str | None = None, options
             facts: DeviceFacts = await probe_device(tr)
             out["facts"] = facts.to_dict()
             names = [name] if name else await store.names()
-            base, listener = await _daemon_base(tr)
-            try:
+            async with _daemon_forward(tr) as base:
                 try:
                     status, _ = await asyncio.to_thread(_get, base, "/v2/health/ready", options.daemon_token)
                     out["daemon"] = "ready" if status == 200 else f"not ready (HTTP {status})"
@@ -489,8 +493,6 @@ async def device_status(address: DeviceAddress, name: str | None = None, options
                                    "previous": state.get("previous"), "ready": ready,
                                    "last_event": (state.get("events") or [None])[-1]})
                 out["models"] = models
-            finally:
-                listener.close()
     except DeployError as exc:
         out["error"] = str(exc)
     return out

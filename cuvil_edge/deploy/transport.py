@@ -170,7 +170,11 @@ class SSHTransport:
             options["client_keys"] = [a.identity]
         try:
             self.conn = await asyncssh.connect(a.host, **options)
-            self.sftp = await self.conn.start_sftp_client()
+            try:
+                self.sftp = await self.conn.start_sftp_client()
+            except BaseException:
+                await self.close()  # no half-open connection left for the garbage collector
+                raise
         except asyncssh.HostKeyNotVerifiable as exc:
             raise Unreachable(f"{a.label}: host key not verifiable ({exc.reason}); check known_hosts") from exc
         except asyncssh.PermissionDenied as exc:

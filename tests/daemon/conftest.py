@@ -158,6 +158,7 @@ class Daemon:
         self._log = open(log, "wb")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, cwd=REPO, env=e)
         self.url = ""
+        self._clients: list[Any] = []
 
     def wait_ready(self, timeout: float = 60.0) -> Daemon:
         deadline = time.monotonic() + timeout
@@ -182,9 +183,17 @@ class Daemon:
         return host, int(port)
 
     def client(self, **kw: Any) -> Any:
+        """A tritonclient HTTP client for this daemon, closed by ``stop`` if the test did not.
+
+        tritonclient closes in ``__del__``, which joins a gevent pool; run by the cyclic collector
+        in a thread without a gevent hub (any thread, any later test) that raises. Closing every
+        client here, in the test's own thread, keeps ``__del__`` a no-op.
+        """
         import tritonclient.http as httpclient
 
-        return httpclient.InferenceServerClient(self.url, **kw)
+        c = httpclient.InferenceServerClient(self.url, **kw)
+        self._clients.append(c)
+        return c
 
     def rss_kb(self) -> int:
         for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
@@ -203,6 +212,9 @@ class Daemon:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+        for c in self._clients:
+            c.close()
+        self._clients.clear()
         self._log.close()
         return self.proc.returncode
 

@@ -235,7 +235,11 @@ class CuttingProxy:
             await self._server.wait_closed()
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        up_r, up_w = await asyncio.open_connection("127.0.0.1", self.target_port)
+        try:
+            up_r, up_w = await asyncio.open_connection("127.0.0.1", self.target_port)
+        except OSError:
+            writer.close()
+            return
 
         async def pump(src: asyncio.StreamReader, dst: asyncio.StreamWriter, count: bool) -> None:
             try:
