@@ -320,18 +320,9 @@ async def _install(tr: SSHTransport, store: DeviceStore, bundle: PreparedBundle,
 
 @contextlib.asynccontextmanager
 async def _daemon_forward(tr: SSHTransport) -> AsyncIterator[str]:
-    """The daemon's base URL through an SSH port forward, closed (and waited for) on exit.
-
-    Waiting matters: a forward still closing when the event loop ends leaves its sockets to the
-    garbage collector.
-    """
-    listener = await tr.forward_local(tr.address.daemon_port)
-    try:
-        yield f"http://127.0.0.1:{listener.get_port()}"
-    finally:
-        listener.close()
-        with contextlib.suppress(Exception):
-            await listener.wait_closed()
+    """The daemon's base URL, through an SSH port forward that lasts as long as the block."""
+    async with tr.forward_local(tr.address.daemon_port) as port:
+        yield f"http://127.0.0.1:{port}"
 
 
 async def _tell_daemon(tr: SSHTransport, base: str, model: str, options: DeployOptions) -> str | None:

@@ -15,7 +15,7 @@ import asyncio
 import contextlib
 import os
 import shlex
-from collections.abc import Coroutine
+from collections.abc import AsyncIterator, Coroutine
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -316,14 +316,25 @@ class SSHTransport:
             raise DeployError(f"{self.address.label}: sha256sum {path} failed: {res.stderr.strip()}")
         return res.stdout.split()[0]
 
-    async def forward_local(self, remote_port: int, remote_host: str = "127.0.0.1") -> Any:
-        """Forward a loopback port on this host to ``remote_host:remote_port`` seen from the device."""
+    @contextlib.asynccontextmanager
+    async def forward_local(self, remote_port: int, remote_host: str = "127.0.0.1") -> AsyncIterator[int]:
+        """Forward a loopback port on this host to ``remote_host:remote_port`` seen from the device.
+
+        Yields the local port. On exit the listener is closed and waited for: a forward still
+        closing when the event loop ends leaves its sockets to the garbage collector.
+        """
         if self.conn is None:
             raise Unreachable(f"{self.address.label}: not connected")
         try:
-            return await self.conn.forward_local_port("127.0.0.1", 0, remote_host, remote_port)
+            listener = await self.conn.forward_local_port("127.0.0.1", 0, remote_host, remote_port)
         except (OSError, asyncssh.Error) as exc:
             raise self._error("forward port", str(remote_port), exc) from exc
+        try:
+            yield listener.get_port()
+        finally:
+            listener.close()
+            with contextlib.suppress(Exception):
+                await listener.wait_closed()
 
     def _error(self, op: str, path: str, exc: BaseException) -> DeployError:
         cls = Unreachable if isinstance(exc, (asyncssh.ConnectionLost, asyncssh.DisconnectError,

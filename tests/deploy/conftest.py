@@ -50,9 +50,10 @@ class Lab:
         self.daemons: dict[str, Daemon] = {}
         self.known_hosts = workdir / "known_hosts"
 
-    def device(self, name: str, daemon: bool = True, daemon_args: tuple[str, ...] = ()) -> SshDevice:
+    def device(self, name: str, daemon: bool = True, daemon_args: tuple[str, ...] = (),
+               sftp: bool = True) -> SshDevice:
         pub = _client_pub(self.keys["client"])
-        dev = start_sshd(self.workdir, name, pub)
+        dev = start_sshd(self.workdir, name, pub, sftp=sftp)
         self.devices.append(dev)
         write_known_hosts(self.known_hosts, self.devices)
         if daemon:

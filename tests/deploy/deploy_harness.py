@@ -98,8 +98,11 @@ class SshDevice:
         self.proc = None
 
 
-def start_sshd(workdir: Path, name: str, client_pub: str) -> SshDevice:
-    """Start sshd for a new device under ``workdir/name``; returns once it answers with its banner."""
+def start_sshd(workdir: Path, name: str, client_pub: str, sftp: bool = True) -> SshDevice:
+    """Start sshd for a new device under ``workdir/name``; returns once it answers with its banner.
+
+    ``sftp=False`` leaves out the SFTP subsystem: logins work, SFTP sessions are refused.
+    """
     if not os.path.exists(SSHD):
         raise RuntimeError("sshd not installed: apt-get install openssh-server (scripts/bootstrap.sh test)")
     Path("/run/sshd").mkdir(parents=True, exist_ok=True)
@@ -130,7 +133,7 @@ def start_sshd(workdir: Path, name: str, client_pub: str) -> SshDevice:
                     "MaxSessions 100",
                     "UseDNS no",
                     "LogLevel ERROR",
-                    f"Subsystem sftp {SFTP_SERVER}",
+                    f"Subsystem sftp {SFTP_SERVER}" if sftp else "",
                     "",
                 ]
             )
