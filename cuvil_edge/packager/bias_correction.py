@@ -40,8 +40,7 @@ def conv_input_means(model: onnx.ModelProto, data: Dataset, batch: int = 16) -> 
     session = make_session(aug)
     sums: dict[str, np.ndarray] = {}
     total = len(data)
-    for start in range(0, total, batch):
-        feed = {k: v[start : start + batch] for k, v in data.inputs.items()}
+    for _, _, feed in data.batches(batch):
         for name, value in zip(names, session.run(names, feed)):
             if value.ndim < 3:
                 continue

@@ -8,7 +8,7 @@ image) and scikit-learn's digits (first 1200 for calibration, the rest, with lab
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,18 +36,58 @@ class InputSpec:
 
 @dataclass
 class Dataset:
-    """Samples by input name, each ``[N, ...]``, optional integer labels, and where they came from."""
+    """Samples by input name, optional integer labels, and where they came from.
 
-    inputs: dict[str, np.ndarray]
+    Each input holds either one array ``[N, ...]`` (every sample the same shape) or, for models whose
+    dynamic dimensions vary between samples (OCR crops, detectors at the image's own size), a list of
+    ``N`` arrays of shape ``[1, ...]``. Consumers iterate with :meth:`batches`, which never stacks
+    samples of different shapes.
+    """
+
+    inputs: dict[str, np.ndarray | list[np.ndarray]]
     labels: np.ndarray | None
     source: str
 
     def __len__(self) -> int:
         return len(next(iter(self.inputs.values())))
 
+    @property
+    def ragged(self) -> bool:
+        """True when samples are kept one by one because their shapes differ."""
+        return any(isinstance(v, list) for v in self.inputs.values())
+
     def slice(self, start: int, stop: int) -> Dataset:
         labels = None if self.labels is None else self.labels[start:stop]
         return Dataset({k: v[start:stop] for k, v in self.inputs.items()}, labels, self.source)
+
+    def batches(self, max_batch: int) -> Iterator[tuple[int, int, dict[str, np.ndarray]]]:
+        """``(start, stop, feed)`` over the samples in order: at most ``max_batch`` samples a feed,
+        and only consecutive samples of one shape stacked together."""
+        n = len(self)
+        max_batch = max(1, max_batch)
+        if not self.ragged:
+            for start in range(0, n, max_batch):
+                stop = min(n, start + max_batch)
+                yield start, stop, {k: v[start:stop] for k, v in self.inputs.items()}  # type: ignore[misc]
+            return
+
+        def sample(i: int) -> dict[str, np.ndarray]:
+            return {k: (v[i] if isinstance(v, list) else v[i : i + 1]) for k, v in self.inputs.items()}
+
+        start = 0
+        while start < n:
+            first = sample(start)
+            shapes = {k: a.shape for k, a in first.items()}
+            parts = [first]
+            stop = start + 1
+            while stop < n and stop - start < max_batch:
+                nxt = sample(stop)
+                if any(a.shape != shapes[k] for k, a in nxt.items()):
+                    break
+                parts.append(nxt)
+                stop += 1
+            yield start, stop, {k: np.concatenate([p[k] for p in parts]) for k in first}
+            start = stop
 
 
 def load_photo(name: str) -> np.ndarray:
@@ -136,12 +176,19 @@ def _load_files(path: Path, files: list[Path], inputs: list[InputSpec], spec: di
                 batches[spec_in.name].append(_check_shape(loaded[key], spec_in, str(p)))
             if "labels" in keys:
                 labels.append(np.asarray(loaded["labels"]).reshape(-1))
-    arrays = {k: np.concatenate(v)[:samples] for k, v in batches.items()}
+    arrays = {k: _join(v, samples) for k, v in batches.items()}
     counts = {len(v) for v in arrays.values()}
     if len(counts) != 1:
         raise DataError(f"{path}: inputs have different sample counts")
     label_arr = np.concatenate(labels)[:samples] if labels else None
     return Dataset(arrays, label_arr, str(path))
+
+
+def _join(parts: list[np.ndarray], samples: int) -> np.ndarray | list[np.ndarray]:
+    """Stack samples when they share one shape, else keep them one by one (``[1, ...]`` each)."""
+    if len({p.shape[1:] for p in parts}) <= 1:
+        return np.concatenate(parts)[:samples]
+    return [p[i : i + 1] for p in parts for i in range(len(p))][:samples]
 
 
 def load_dataset(

@@ -29,6 +29,7 @@ from onnx import helper, numpy_helper
 
 from cuvil_edge._toml import loads_toml
 from cuvil_edge.errors import ModelError
+from cuvil_edge.packager.qdq_rules import QdqFacts, node_violation
 from cuvil_edge.targets import Target
 
 __all__ = [
@@ -308,14 +309,7 @@ def _in_range(values: Sequence[int], bounds: Sequence[int]) -> bool:
 
 def _parser_restriction(node: onnx.NodeProto, graph: _Graph, snap: dict[str, Any]) -> str:
     """A documented parser restriction this node breaks, or ``""``."""
-    op, attrs = node.op_type, _attrs(node)
-    if op in ("QuantizeLinear", "DequantizeLinear") and len(node.input) > 2 and node.input[2]:
-        zp = graph.const(node.input[2])
-        if zp is None:
-            return "zero-point is not a constant; TensorRT needs it to be 0"
-        if zp.size and (zp != 0).any():
-            return ("zero-point is not 0: TensorRT takes symmetric Q/DQ only "
-                    "(quantize with ActivationSymmetric=True, WeightSymmetric=True)")
+    op, attrs = node.op_type, _attrs(node)  # Q/DQ nodes: qdq_rules.node_violation
     if op in ("Conv", "ConvTranspose") and snap["tensorrt"].startswith("8.4") and len(node.input) > 1:
         if not graph.is_weight(node.input[1]):
             return "weights W must be an initializer in this TensorRT release"
@@ -696,6 +690,7 @@ def inspect_model(
         warnings.append(f"{target.name} has {target.dla_cores} DLA core(s) but none of its TensorRT "
                         f"versions ({', '.join(versions)}) places layers on DLA")
 
+    qdq_facts = QdqFacts(model)
     rows = []
     for i, node in enumerate(model.graph.node):
         status: dict[str, str] = {}
@@ -703,7 +698,8 @@ def inspect_model(
         for v in versions:
             st, why = trt_op_status(node.op_type, v, node.domain)
             if st == SUPPORTED:
-                why = _parser_restriction(node, graph, parser_snapshot(v))
+                why = (_parser_restriction(node, graph, parser_snapshot(v))
+                       or node_violation(node, qdq_facts, v, target.gpu_sm))
                 if why:
                     st = UNSUPPORTED
             status[v] = st

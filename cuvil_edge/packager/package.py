@@ -19,15 +19,15 @@ from typing import Any
 import numpy as np
 import onnx
 
-from cuvil_edge.errors import DataError, KernelError, ModelError, RecipeError
+from cuvil_edge.errors import DataError, KernelError, ModelError, QuantizationError, RecipeError
 from cuvil_edge.packager.data import Dataset, InputSpec, load_dataset
 from cuvil_edge.packager.load import load_model, model_inputs, model_outputs
-from cuvil_edge.packager.quantize import Quantizer, convert_fp16
+from cuvil_edge.packager.quantize import Quantizer, convert_fp16, target_arithmetic
 from cuvil_edge.packager.validate import ValidationReport, make_session, run_model, validate_models
 from cuvil_edge.recipes import AccuracyGoal, Recipe
 from cuvil_edge.targets import Target, get_target
 
-__all__ = ["PackageResult", "package", "quantize_model", "resolve_model", "sample_members"]
+__all__ = ["PackageResult", "check_tensorrt_form", "package", "quantize_model", "resolve_model", "sample_members"]
 
 SAMPLE_SIZE = 4
 Progress = Callable[[str], None]
@@ -99,30 +99,54 @@ def quantize_model(
     progress: Progress | None = None,
     bar: Bar | None = None,
     bias_correction: bool = True,
+    quantizer: str = "cuvil",
 ) -> tuple[onnx.ModelProto, dict[str, Any]]:
-    """The model in ``precision`` for ``target``'s runtime, with what the search found."""
+    """The model in ``precision`` for ``target``'s runtime, with what the search found.
+
+    ``quantizer="modelopt"`` quantizes with NVIDIA Model Optimizer (TensorRT targets, ``int8`` only).
+    """
     say = progress or (lambda msg: None)
-    info: dict[str, Any] = {"runtime_format": target.runtime_format}
+    info: dict[str, Any] = {"runtime_format": target.runtime_format, "quantizer": quantizer}
+    if quantizer not in ("cuvil", "modelopt"):
+        raise QuantizationError(f"--quantizer must be cuvil or modelopt, not '{quantizer}'")
     if precision == "fp32":
         return model, info
     if precision == "fp16":
         return convert_fp16(model), info
     if calibration is None:
         raise DataError(f"precision '{precision}' needs calibration data: pass --calib DIR or set [calibration] data")
+    if quantizer == "modelopt":
+        if precision != "int8" or target.runtime_format != "tensorrt":
+            raise QuantizationError("--quantizer modelopt makes the TensorRT INT8 form: use --precision int8 and a "
+                                    f"board with an NVIDIA GPU (not {precision} for {target.name})")
+        from cuvil_edge.packager.modelopt_quant import quantize_with_modelopt
+
+        say(f"quantizing with NVIDIA Model Optimizer on {len(calibration)} samples")
+        info["accuracy_arithmetic"] = "exact Q/DQ emulation (target arithmetic)"
+        info["fp16_nodes"], info["fp32_nodes"] = [], []
+        return quantize_with_modelopt(model, calibration, "minmax" if method == "percentile" else method), info
     say(f"calibrating on {len(calibration)} samples ({method})")
     search = sensitivity if sensitivity is not None else calibration
     with _quiet(), Quantizer(model, target.runtime_format, calibration, method, progress=say, bar=bar,
-                             bias_correction=bias_correction) as q:
+                             bias_correction=bias_correction, arch=target.arch) as q:
         result = q.mixed(search, kind, goal) if precision == "mixed" else None
         quantized = result.model if result is not None else q.quantize()
         info["bias_corrected_convs"] = len(q.corrected)
+        info["int8_form"] = q.form.to_dict()
+    info["accuracy_arithmetic"] = ("exact Q/DQ emulation: the target's integer arithmetic computed in float "
+                                   "operators, identical on any host (not the host's fused INT8 kernels)")
+    info["fp16_nodes"], info["fp32_nodes"] = [], []
     if bias_correction:
         say(f"bias correction on {info['bias_corrected_convs']} quantized convolution(s)")
     if result is not None:
         info.update(
             {
                 "kept_float_groups": result.kept_float,
+                "tiers": result.tiers,
+                "fp16_nodes": result.fp16_nodes,
+                "fp32_nodes": result.fp32_nodes,
                 "sensitivity": result.sensitivity,
+                "fp16_sensitivity": result.fp16_sensitivity,
                 "search_data": search.source,
                 "search_steps": result.steps,
             }
@@ -130,9 +154,32 @@ def quantize_model(
     return quantized, info
 
 
+def check_tensorrt_form(model: onnx.ModelProto, target: Target) -> dict[str, Any]:
+    """Refuse a Q/DQ model that a parser of one of the board's TensorRT versions would reject.
+
+    Raises:
+        QuantizationError: naming the first offending node, its rule and the TensorRT version.
+    """
+    from cuvil_edge.packager.qdq_rules import check_qdq
+
+    versions = sorted({r.tensorrt for r in target.releases}, key=lambda v: tuple(int(p) for p in v.split(".") if p.isdigit()))
+    violations = check_qdq(model, versions, target.gpu_sm)
+    if violations:
+        more = f" (and {len(violations) - 1} more)" if len(violations) > 1 else ""
+        raise QuantizationError(f"the quantized model is not in TensorRT's form: {violations[0]}{more}")
+    count = sum(n.op_type in ("QuantizeLinear", "DequantizeLinear") for n in model.graph.node)
+    return {"tensorrt": versions, "qdq_nodes": count, "violations": 0}
+
+
 def sample_members(model_bytes: bytes, evaluation: Dataset) -> tuple[bytes, bytes, dict[str, float]]:
-    """A small validation sample and the bundled model's outputs on it, for deploy's smoke test."""
-    sample = evaluation.slice(0, SAMPLE_SIZE)
+    """A small validation sample and the bundled model's outputs on it, for deploy's smoke test.
+
+    ``model_bytes`` should be the model as the target computes it (``target_arithmetic``): the host's
+    own INT8 kernels may saturate where the board's do not. Samples of one shape only (the first
+    sample's), so they stack into one request.
+    """
+    first = next(evaluation.batches(SAMPLE_SIZE))[2]
+    sample = Dataset(first, None, evaluation.source)
     outputs = run_model(make_session(model_bytes), sample)
     buf_in, buf_out = io.BytesIO(), io.BytesIO()
     np.savez(buf_in, **sample.inputs)
@@ -169,6 +216,7 @@ def package(
     progress: Progress | None = None,
     bar: Bar | None = None,
     enforce_goal: bool = True,
+    quantizer: str = "cuvil",
 ) -> PackageResult:
     """Run the whole pipeline for ``recipe`` and write a signed bundle to ``out``.
 
@@ -232,14 +280,19 @@ def package(
 
     t = time.perf_counter()
     quantized, qinfo = quantize_model(model, target, recipe.precision, calib, kind, recipe.accuracy,
-                                      recipe.calibration_method, sensitivity, say, bar, recipe.bias_correction)
+                                      recipe.calibration_method, sensitivity, say, bar, recipe.bias_correction,
+                                      quantizer=quantizer)
     timings["quantize"] = time.perf_counter() - t
+    if target.has_gpu and recipe.precision in ("int8", "mixed"):
+        qinfo["qdq_check"] = check_tensorrt_form(quantized, target)
 
     t = time.perf_counter()
     say(f"validating on {len(evaluation)} samples calibration did not see")
     qbytes = quantized.SerializeToString()
     goal = recipe.accuracy if recipe.precision != "fp32" else AccuracyGoal(None, None, None)
-    validation: ValidationReport = validate_models(make_session(model), make_session(qbytes), evaluation, kind, goal)
+    # Accuracy is the target's arithmetic: Q/DQ emulated exactly, FP16 groups rounded to FP16.
+    emulated = target_arithmetic(quantized, qinfo.get("fp16_nodes")) if recipe.precision in ("int8", "mixed") else quantized
+    validation: ValidationReport = validate_models(make_session(model), make_session(emulated), evaluation, kind, goal)
     timings["validate"] = time.perf_counter() - t
     if enforce_goal:
         validation.raise_if_failed(f"{recipe.name} ({recipe.precision}, {target.runtime_format} format)")
@@ -247,7 +300,7 @@ def package(
         say(f"warning: accuracy goal missed: {'; '.join(validation.failures)}")
 
     t = time.perf_counter()
-    sample_in, sample_out, tolerance = sample_members(qbytes, evaluation)
+    sample_in, sample_out, tolerance = sample_members(emulated.SerializeToString(), evaluation)
     with tempfile.TemporaryDirectory(prefix="cuvil-pack-") as tmp:
         model_file = Path(tmp) / "model.onnx"
         model_file.write_bytes(qbytes)

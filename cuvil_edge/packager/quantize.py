@@ -1,24 +1,27 @@
 """Quantize an FP32 ONNX model in the form the target's runtime needs.
 
 - ``tensorrt`` targets: FP16 with IO types kept, or INT8 as explicit Q/DQ with symmetric scales
-  (every zero-point 0) and per-channel weights: the one form TensorRT 10 and 11 both build from.
+  (every zero-point 0), per-channel weights and float biases: the form TensorRT's ONNX parser takes
+  from 8.x to 11 (``qdq_rules.py`` checks every node against its rules).
 - ``ort-cpu`` targets (boards without an NVIDIA GPU, the host): asymmetric uint8 activations and
   int8 per-channel weights, which ONNX Runtime fuses into QLinear kernels (symmetric Q/DQ leaves
-  ReLU6 clips unfused and runs at about half FP32 speed there; PEERS.md).
-- ``mixed``: INT8, with the most sensitive layer groups kept in float until the accuracy goal holds.
+  ReLU6 clips unfused and runs at about half FP32 speed there); on x86 the weights use 7 bits so
+  the fused kernels cannot saturate (``int8_form``).
+- ``mixed``: INT8, with the most sensitive layer groups kept out of INT8 until the accuracy goal
+  holds; on TensorRT targets a kept group runs in FP16 unless FP16 alone costs too much, else FP32.
   Sensitivity is measured by quantizing one group alone ("quantize only this block"), which ranks
-  better than leave-one-out because quantization errors mask each other (PEERS.md); groups are then
-  returned to float greedily, most sensitive first, until the goal holds on the search data *and*
-  the mean KL divergence there is within a budget: goal metrics such as top-5 containment saturate
-  on a few hundred samples (the search can stop at zero kept groups and then miss on other photos),
-  while mean KL keeps measuring the distance to FP32.
+  better than leave-one-out because quantization errors mask each other; groups are then returned
+  to float greedily, most sensitive first, until the goal holds on the search data *and* the mean KL
+  divergence there is within a budget: goal metrics such as top-5 containment saturate on a few
+  hundred samples, while mean KL keeps measuring the distance to FP32.
+
+Every accuracy figure here is the target's arithmetic (exact Q/DQ emulation), identical on any host.
 """
 
 from __future__ import annotations
 
-import inspect
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,21 +31,23 @@ import onnx
 
 from cuvil_edge.errors import QuantizationError
 from cuvil_edge.packager.bias_correction import conv_input_means, correct_biases
+from cuvil_edge.packager.calibrate import collect_ranges
 from cuvil_edge.packager.data import Dataset
+from cuvil_edge.packager.emulate import emulate_fp16, emulate_qdq
 from cuvil_edge.packager.load import upgrade_opset
 from cuvil_edge.packager.validate import compare_outputs, goal_failures, make_session, run_model
 from cuvil_edge.recipes import AccuracyGoal
 
-__all__ = ["MixedResult", "Quantizer", "convert_fp16", "layer_groups", "symmetric_zero_points"]
+__all__ = ["Int8Form", "MixedResult", "Quantizer", "convert_fp16", "int8_form", "layer_groups", "symmetric_zero_points",
+           "target_arithmetic"]
 
 # Mean KL (nats) the mixed search accepts on its data when the recipe sets no max_mean_kl. The
 # search data come from the calibration photos that bias correction is fitted on, so held-out KL
 # ran 1.8-2.3x the search KL on EfficientNet-Lite0; at 0.02 the TensorRT-form search kept nothing
 # and held-out top-5 containment landed at 0.994 (goal 0.995). 0.01 leaves that margin.
 SEARCH_KL_BUDGET = 0.01
-# Calibration batches (of 16) per ONNX Runtime collection pass: bounds peak memory to about 1.5 GB for
-# EfficientNet-Lite0 whatever the number of calibration samples.
-CALIB_CHUNK_BATCHES = 2
+# A group kept out of INT8 goes to FP16 when FP16 alone costs at most this share of the search budget.
+FP16_SENSITIVITY_SHARE = 0.1
 
 _QUANT_OPS = ("Conv", "ConvTranspose", "Gemm", "MatMul", "Add", "Mul", "GlobalAveragePool", "AveragePool",
               "MaxPool", "Concat", "Resize", "Sigmoid", "Clip", "Relu", "Flatten", "Reshape", "Transpose")
@@ -53,54 +58,6 @@ def convert_fp16(model: onnx.ModelProto) -> onnx.ModelProto:
     from onnxruntime.transformers.float16 import convert_float_to_float16
 
     return convert_float_to_float16(model, keep_io_types=True, disable_shape_infer=False)
-
-
-class _Reader:
-    """ONNX Runtime CalibrationDataReader over a Dataset, in batches.
-
-    ``set_range`` lets ONNX Runtime calibrate in chunks (``CalibStridedMinMax``): its calibrators
-    otherwise hold every intermediate tensor of every sample at once (EfficientNet-Lite0 needs about
-    47 MB per sample, so 512 samples took 24 GB and were OOM-killed here).
-    """
-
-    def __init__(self, data: Dataset, batch: int = 16, on_batch: Callable[[int, int], None] | None = None) -> None:
-        self._data = data
-        self._batch = batch
-        self._on_batch = on_batch
-        self._range = (0, len(self))
-        self._it: Iterator[dict[str, np.ndarray]] | None = None
-
-    def _gen(self) -> Iterator[dict[str, np.ndarray]]:
-        total = len(self._data)
-        first, last = self._range
-        for b in range(first, last):
-            start = b * self._batch
-            if self._on_batch is not None:
-                self._on_batch(start, total)
-            yield {k: v[start : start + self._batch] for k, v in self._data.inputs.items()}
-        if self._on_batch is not None and last == len(self):
-            self._on_batch(total, total)
-
-    def get_next(self) -> dict[str, np.ndarray] | None:
-        if self._it is None:
-            self._it = self._gen()
-        return next(self._it, None)
-
-    def rewind(self) -> None:
-        self._it = None
-
-    def set_range(self, start_index: int, end_index: int) -> None:
-        """Restrict the next pass to batches [start_index, end_index)."""
-        self._range = (start_index, min(end_index, len(self)))
-        self._it = None
-
-    def chunk_batches(self, max_batches: int = CALIB_CHUNK_BATCHES) -> int:
-        """Largest divisor of the batch count up to ``max_batches`` (ONNX Runtime wants an exact split)."""
-        n = len(self)
-        return max(d for d in range(1, max(1, min(max_batches, n)) + 1) if n % d == 0)
-
-    def __len__(self) -> int:
-        return (len(self._data) + self._batch - 1) // self._batch
 
 
 def layer_groups(model: onnx.ModelProto) -> dict[str, list[str]]:
@@ -134,45 +91,96 @@ def symmetric_zero_points(model: onnx.ModelProto) -> bool:
     return True
 
 
+@dataclass(frozen=True)
+class Int8Form:
+    """How INT8 is laid out for a target's runtime, and why."""
+
+    name: str
+    symmetric_activations: bool
+    reduce_range: bool
+    why: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "symmetric_activations": self.symmetric_activations,
+                "reduce_range": self.reduce_range, "why": self.why}
+
+
+def int8_form(runtime_format: str, arch: str) -> Int8Form:
+    """The INT8 form for a runtime on a CPU architecture.
+
+    - ``tensorrt``: symmetric int8 activations and weights, float biases (TensorRT's parser refuses a
+      DequantizeLinear of an int32 bias: "only activation types allowed as input to this layer").
+    - ``ort-cpu`` on x86-64: ONNX Runtime's u8 x s8 kernels saturate their int16 pair sums on CPUs
+      without AVX-512 VNNI; 7-bit weights (``reduce_range``) keep every pair sum within int16 (255 x 63
+      x 2 < 32767), the remedy ONNX Runtime documents. Accuracy is measured with that form.
+    - ``ort-cpu`` elsewhere (ARM): u8 activations x s8 weights; the dot-product kernels accumulate in
+      int32 and do not saturate.
+    """
+    if runtime_format == "tensorrt":
+        return Int8Form("s8s8-symmetric-float-bias", True, False,
+                        "TensorRT explicit quantization: zero-points 0, int8 Q/DQ, biases kept float")
+    if arch == "x86_64":
+        return Int8Form("u8s7-reduce-range", False, True,
+                        "x86 u8s8 kernels saturate without AVX-512 VNNI; 7-bit weights cannot")
+    return Int8Form("u8s8", False, False, "ARM dot-product kernels accumulate in int32 without saturation")
+
+
 @dataclass
 class MixedResult:
-    """Outcome of the mixed-precision search."""
+    """Outcome of the mixed-precision search.
+
+    ``tiers`` maps each layer group kept out of INT8 to ``fp16`` or ``fp32``; ``fp16_nodes`` and
+    ``fp32_nodes`` are their node names (what a TensorRT build plan needs).
+    """
 
     model: onnx.ModelProto
     kept_float: list[str]
     sensitivity: dict[str, float]
     steps: list[dict[str, Any]] = field(default_factory=list)
+    tiers: dict[str, str] = field(default_factory=dict)
+    fp16_sensitivity: dict[str, float] = field(default_factory=dict)
+    fp16_nodes: list[str] = field(default_factory=list)
+    fp32_nodes: list[str] = field(default_factory=list)
 
 
 class Quantizer:
     """Calibrates once, then quantizes as often as the mixed search needs.
 
+    Calibration statistics are collected once, in one streaming pass (``calibrate.py``), and handed
+    to ONNX Runtime's quantizer through its calibration cache; every accuracy figure comes from exact
+    Q/DQ emulation (``emulate.py``), never from the host's fused INT8 kernels.
+
     Args:
         model (onnx.ModelProto): the FP32 model (upgraded to opset 13 if older).
-        runtime_format (str): ``tensorrt`` (symmetric Q/DQ) or ``ort-cpu`` (asymmetric activations).
-        calibration (Dataset): calibration samples.
+        runtime_format (str): ``tensorrt`` (symmetric Q/DQ, float biases) or ``ort-cpu``.
+        calibration (Dataset): calibration samples (any count, any per-sample shapes).
         method (str): ``percentile`` (default; best here), ``minmax`` or ``entropy``.
         bias_correction (bool): subtract each quantized Conv's mean output shift from its bias
             (see ``bias_correction.py``); on by default.
+        arch (str): the target CPU architecture (chooses the ``ort-cpu`` INT8 form, see ``int8_form``).
     """
 
     def __init__(self, model: onnx.ModelProto, runtime_format: str, calibration: Dataset, method: str = "percentile",
                  progress: Callable[[str], None] | None = None,
-                 bar: Callable[[str, int, int], None] | None = None, bias_correction: bool = True) -> None:
+                 bar: Callable[[str, int, int], None] | None = None, bias_correction: bool = True,
+                 arch: str = "aarch64") -> None:
         if runtime_format not in ("tensorrt", "ort-cpu"):
             raise QuantizationError(f"unknown runtime format '{runtime_format}'")
+        if method not in ("percentile", "minmax", "entropy"):
+            raise QuantizationError(f"unknown calibration method '{method}' (percentile, minmax or entropy)")
+        if len(calibration) == 0:
+            raise QuantizationError("no calibration samples")
         self.model = upgrade_opset(model)
         self.runtime_format = runtime_format
+        self.form = int8_form(runtime_format, arch)
         self.calibration = calibration
         self.method = method
         self._progress = progress or (lambda msg: None)
         self._bar = bar or (lambda task, done, total: None)
-        self._calibrated = False
         self._tmp = tempfile.TemporaryDirectory(prefix="cuvil-quant-")
         self._dir = Path(self._tmp.name)
         self._prepared = self._prepare()
-        self._cache = self._dir / "calibration.cache"
-        self._supports_cache = "calibration_cache_path" in inspect.signature(_quantize_static()).parameters
+        self._cache = self._dir / "calibration.json"
         self.bias_correction = bias_correction
         # (prepared float model, per-Conv input means), computed on the first quantize() only.
         self._bias_reference: tuple[onnx.ModelProto, dict[str, np.ndarray]] | None = None
@@ -200,6 +208,19 @@ class Quantizer:
             return src
         return out
 
+    def calibrate(self) -> None:
+        """Collect activation ranges once (streaming) and store them as ONNX Runtime's calibration cache."""
+        if self._cache.is_file():
+            return
+        try:
+            from onnxruntime.quantization.calibrate import save_tensors_data
+        except ImportError:
+            raise QuantizationError("the installed onnxruntime has no calibration cache (save_tensors_data); "
+                                    "install onnxruntime >= 1.23") from None
+        prepared = onnx.load(str(self._prepared))
+        collector = collect_ranges(prepared, self.calibration, on_batch=lambda d, t: self._bar("calibrating", d, t))
+        save_tensors_data(collector.tensors_data(self.method, self.form.symmetric_activations, 99.999), self._cache)
+
     def _options(self) -> dict[str, Any]:
         from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType
 
@@ -208,16 +229,16 @@ class Quantizer:
             "minmax": CalibrationMethod.MinMax,
             "entropy": CalibrationMethod.Entropy,
         }
-        extra: dict[str, Any] = {"CalibPercentile": 99.999}
+        extra: dict[str, Any] = {"ActivationSymmetric": self.form.symmetric_activations, "WeightSymmetric": True}
         if self.runtime_format == "tensorrt":
-            extra.update({"ActivationSymmetric": True, "WeightSymmetric": True})
+            extra["QuantizeBias"] = False
             act = QuantType.QInt8
         else:
-            extra.update({"ActivationSymmetric": False, "WeightSymmetric": True})
             act = QuantType.QUInt8
         return {
             "quant_format": QuantFormat.QDQ,
             "per_channel": True,
+            "reduce_range": self.form.reduce_range,
             "activation_type": act,
             "weight_type": QuantType.QInt8,
             "calibrate_method": methods[self.method],
@@ -227,21 +248,16 @@ class Quantizer:
     def quantize(self, nodes_to_exclude: list[str] | None = None, nodes_to_quantize: list[str] | None = None
                  ) -> onnx.ModelProto:
         """INT8 model; ``nodes_to_exclude`` stay in float."""
+        self.calibrate()
         out = self._dir / "int8.onnx"
-        kwargs = self._options()
-        if self._supports_cache:
-            kwargs["calibration_cache_path"] = str(self._cache)
-        first = not (self._calibrated and self._supports_cache)
-        reader = _Reader(self.calibration, on_batch=(lambda d, t: self._bar("calibrating", d, t)) if first else None)
-        kwargs["extra_options"]["CalibStridedMinMax"] = reader.chunk_batches()
         try:
             _quantize_static()(
-                str(self._prepared), str(out), reader,
-                nodes_to_exclude=nodes_to_exclude or [], nodes_to_quantize=nodes_to_quantize or [], **kwargs,
+                str(self._prepared), str(out), None,
+                nodes_to_exclude=nodes_to_exclude or [], nodes_to_quantize=nodes_to_quantize or [],
+                calibration_cache_path=str(self._cache), **self._options(),
             )
         except Exception as exc:  # onnxruntime's quantizer raises assorted untyped errors
             raise QuantizationError(f"quantization failed: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from exc
-        self._calibrated = True
         model = onnx.load(str(out))
         if self.bias_correction:
             if self._bias_reference is None:
@@ -252,9 +268,14 @@ class Quantizer:
             raise QuantizationError("quantizer produced a non-zero zero-point; TensorRT needs symmetric Q/DQ")
         return model
 
-    def mixed(self, data: Dataset, kind: str, goal: AccuracyGoal, reference: dict[str, np.ndarray] | None = None,
+    def mixed(self, data: Dataset, kind: str, goal: AccuracyGoal, reference: dict[str, Any] | None = None,
               max_kept_fraction: float = 0.5, kl_budget: float | None = None) -> MixedResult:
-        """INT8 with the fewest most-sensitive groups kept in float so ``goal`` holds on ``data``.
+        """INT8 with the fewest most-sensitive groups kept out of INT8 so ``goal`` holds on ``data``.
+
+        Groups are ranked by the error of quantizing each alone. On TensorRT targets a group kept out
+        of INT8 goes to FP16 unless its own FP16 error (measured alone) exceeds a tenth of the budget;
+        if the goal still misses once the limit of kept groups is reached, FP16 groups move to FP32,
+        most sensitive first. Every figure is measured by exact emulation.
 
         Args:
             kl_budget (float): largest mean KL (classifiers) or 1 - cosine (other outputs) accepted
@@ -263,9 +284,10 @@ class Quantizer:
         budget = kl_budget if kl_budget is not None else (goal.max_mean_kl or SEARCH_KL_BUDGET)
         ref = reference if reference is not None else run_model(make_session(self.model), data)
         out_name = next(iter(ref))
+        fp16_tier = self.runtime_format == "tensorrt"
 
-        def score(model: onnx.ModelProto) -> tuple[float, list[str], dict[str, Any]]:
-            got = run_model(make_session(model), data)[out_name]
+        def score(model: onnx.ModelProto, fp16_nodes: list[str] | None = None) -> tuple[float, list[str], dict[str, Any]]:
+            got = run_model(make_session(target_arithmetic(model, fp16_nodes or [])), data)[out_name]
             m = compare_outputs(ref[out_name], got, kind, data.labels)
             err = m["mean_kl"] if "mean_kl" in m else 1.0 - m["cosine"]
             misses = goal_failures(m, goal)
@@ -275,7 +297,7 @@ class Quantizer:
 
         full = self.quantize()
         err, misses, metrics = score(full)
-        steps = [{"kept_float": [], "error": err, "failures": misses, "metrics": metrics}]
+        steps = [{"kept_float": [], "tiers": {}, "error": err, "failures": misses, "metrics": metrics}]
         groups = layer_groups(self.model)
         if not misses:
             self._progress(f"INT8 meets the goal with no layer kept in float (search error {err:.4f})")
@@ -287,19 +309,47 @@ class Quantizer:
             sensitivity[name] = score(self.quantize(nodes_to_quantize=nodes))[0]
         self._bar("layer sensitivity", len(groups), len(groups))
         order = sorted(sensitivity, key=lambda k: -sensitivity[k])
-        kept: list[str] = []
+        tiers: dict[str, str] = {}
+        fp16_sensitivity: dict[str, float] = {}
+
+        def attempt() -> tuple[onnx.ModelProto, float, list[str], dict[str, Any]]:
+            excluded = [n for g in tiers for n in groups[g]]
+            model = self.quantize(nodes_to_exclude=excluded)
+            half = [n for g, t in tiers.items() if t == "fp16" for n in groups[g]]
+            e, miss, m = score(model, half)
+            steps.append({"kept_float": list(tiers), "tiers": dict(tiers), "error": e, "failures": miss, "metrics": m})
+            shown = ", ".join(f"{g}={t}" for g, t in tiers.items())
+            self._progress(f"kept {len(tiers)} group(s) out of INT8 ({shown}): error {e:.5f}, "
+                           f"{'goal met' if not miss else 'goal missed'}")
+            return model, e, miss, m
+
         model = full
         limit = max(1, int(len(order) * max_kept_fraction))
         for name in order[:limit]:
-            kept.append(name)
-            excluded = [n for g in kept for n in groups[g]]
-            model = self.quantize(nodes_to_exclude=excluded)
-            err, misses, metrics = score(model)
-            steps.append({"kept_float": list(kept), "error": err, "failures": misses, "metrics": metrics})
-            self._progress(f"kept {len(kept)} group(s) in float: error {err:.5f}, {'goal met' if not misses else 'goal missed'}")
+            tier = "fp32"
+            if fp16_tier:
+                fp16_sensitivity[name] = score(self.model, groups[name])[0]
+                tier = "fp16" if fp16_sensitivity[name] <= FP16_SENSITIVITY_SHARE * budget else "fp32"
+            tiers[name] = tier
+            model, err, misses, metrics = attempt()
             if not misses:
                 break
-        return MixedResult(model, kept, sensitivity, steps)
+        if misses and fp16_tier:
+            for name in [g for g in order if tiers.get(g) == "fp16"]:
+                tiers[name] = "fp32"
+                model, err, misses, metrics = attempt()
+                if not misses:
+                    break
+        return MixedResult(
+            model, list(tiers), sensitivity, steps, tiers, fp16_sensitivity,
+            fp16_nodes=[n for g, t in tiers.items() if t == "fp16" for n in groups[g]],
+            fp32_nodes=[n for g, t in tiers.items() if t == "fp32" for n in groups[g]],
+        )
+
+
+def target_arithmetic(model: onnx.ModelProto, fp16_nodes: list[str] | None = None) -> onnx.ModelProto:
+    """The model as the target computes it: Q/DQ emulated exactly, ``fp16_nodes`` rounded to FP16."""
+    return emulate_fp16(emulate_qdq(model), fp16_nodes or [])
 
 
 def _quantize_static() -> Callable[..., Any]:

@@ -26,11 +26,24 @@ __all__ = ["ValidationReport", "compare_outputs", "goal_failures", "make_session
 CONFIDENT = 0.5
 
 
+# ``CUVIL_EDGE_ORT_OPTIMIZATION`` (disable|basic|extended|all, default all) sets ONNX Runtime's graph
+# optimisation level for every packager session. A diagnostic knob: accuracy verdicts are computed on
+# emulated models (``emulate.py``) and must not move with it; a test holds them to that.
+_OPT_LEVELS = {"disable": "ORT_DISABLE_ALL", "basic": "ORT_ENABLE_BASIC", "extended": "ORT_ENABLE_EXTENDED",
+               "all": "ORT_ENABLE_ALL"}
+
+
 def make_session(model: onnx.ModelProto | Path | bytes, threads: int = 0) -> ort.InferenceSession:
-    """A CPU session. ``WeightBiasQuantization`` is disabled: it would re-quantize the FP32 weights of
-    layers a mixed model deliberately kept in float (PEERS.md), and the numbers would be wrong."""
+    """A CPU session. ``WeightBiasQuantization`` is disabled: it would re-quantize (per tensor) the FP32
+    weights of layers a mixed model deliberately kept in float, and the numbers would be wrong."""
+    import os
+
     opts = ort.SessionOptions()
     opts.log_severity_level = 3
+    level = os.environ.get("CUVIL_EDGE_ORT_OPTIMIZATION", "all").strip().lower()
+    if level not in _OPT_LEVELS:
+        raise ModelError(f"CUVIL_EDGE_ORT_OPTIMIZATION='{level}' is not one of {', '.join(_OPT_LEVELS)}")
+    opts.graph_optimization_level = getattr(ort.GraphOptimizationLevel, _OPT_LEVELS[level])
     if threads:
         opts.intra_op_num_threads = threads
     src: Any = model.SerializeToString() if isinstance(model, onnx.ModelProto) else (
@@ -44,19 +57,27 @@ def make_session(model: onnx.ModelProto | Path | bytes, threads: int = 0) -> ort
         raise ModelError(f"ONNX Runtime cannot load the model: {str(exc).splitlines()[0]}") from None
 
 
-def run_model(session: ort.InferenceSession, data: Dataset, batch: int = 32) -> dict[str, np.ndarray]:
-    """Run ``data`` through ``session`` in batches; outputs by name, concatenated."""
+def run_model(session: ort.InferenceSession, data: Dataset, batch: int = 32) -> dict[str, np.ndarray | list[np.ndarray]]:
+    """Run ``data`` through ``session`` in batches; outputs by name, concatenated.
+
+    When output shapes differ between samples (dynamic H/W), an output is a list of per-sample
+    ``[1, ...]`` arrays instead of one array.
+    """
     names = [o.name for o in session.get_outputs()]
     dyn_batch = {i.name: not isinstance(i.shape[0], int) for i in session.get_inputs()}
     if not all(dyn_batch.values()):
         batch = 1
     parts: dict[str, list[np.ndarray]] = {n: [] for n in names}
-    n = len(data)
-    for start in range(0, n, batch):
-        feed = {k: v[start : start + batch] for k, v in data.inputs.items()}
+    for _, _, feed in data.batches(batch):
         for name, arr in zip(names, session.run(names, feed), strict=True):
             parts[name].append(np.asarray(arr, dtype=np.float32))
-    return {k: np.concatenate(v) for k, v in parts.items()}
+    out: dict[str, np.ndarray | list[np.ndarray]] = {}
+    for k, v in parts.items():
+        if len({a.shape[1:] for a in v}) <= 1:
+            out[k] = np.concatenate(v)
+        else:
+            out[k] = [a[i : i + 1] for a in v for i in range(len(a))]
+    return out
 
 
 def _softmax(x: np.ndarray) -> np.ndarray:
@@ -74,9 +95,23 @@ def _cosine(a: np.ndarray, b: np.ndarray) -> float:
 
 
 def compare_outputs(
-    ref: np.ndarray, test: np.ndarray, kind: str, labels: np.ndarray | None = None, threshold: float = 0.5
+    ref: np.ndarray | list[np.ndarray], test: np.ndarray | list[np.ndarray], kind: str,
+    labels: np.ndarray | None = None, threshold: float = 0.5,
 ) -> dict[str, Any]:
-    """Metrics of ``test`` against ``ref`` for one output."""
+    """Metrics of ``test`` against ``ref`` for one output.
+
+    Per-sample outputs of different shapes (lists) are compared sample by sample: means of the
+    per-sample figures, the largest ``max_abs_error``.
+    """
+    if isinstance(ref, list) or isinstance(test, list):
+        per = [compare_outputs(np.asarray(r), np.asarray(t), kind, None, threshold) for r, t in zip(ref, test, strict=True)]
+        merged: dict[str, Any] = {"samples": len(per)}
+        for key in per[0]:
+            if key == "samples":
+                continue
+            values = [p[key] for p in per if p.get(key) is not None]
+            merged[key] = max(values) if key == "max_abs_error" else float(np.mean(values))
+        return merged
     m: dict[str, Any] = {
         "samples": len(ref),
         "cosine": _cosine(ref, test),

@@ -71,6 +71,10 @@ class OrtBackend(Backend):
         name (str | None): label for logs. Defaults to the file name.
         providers (list | None): explicit execution providers. Defaults to TensorRT, CUDA, CPU
             as available and allowed by ``options.device``.
+        exact_qdq (bool): compute Q/DQ nodes as written (``session.disable_quant_qdq``) instead of
+            fusing them into ONNX Runtime's integer kernels. Set for TensorRT-form bundles served
+            without TensorRT: their accuracy was certified for exact (int32-accumulating) arithmetic,
+            and ONNX Runtime's fused x86 u8s8 kernels saturate on CPUs without AVX-512 VNNI.
     """
 
     kind = "ort"
@@ -81,9 +85,11 @@ class OrtBackend(Backend):
         options: BackendOptions | None = None,
         name: str | None = None,
         providers: list[Any] | None = None,
+        exact_qdq: bool = False,
     ) -> None:
         super().__init__(name or Path(model_path).name)
         self.model_path = Path(model_path)
+        self.exact_qdq = exact_qdq
         self.options = options or BackendOptions()
         self._providers = providers
         self._session: Any = None
@@ -108,7 +114,7 @@ class OrtBackend(Backend):
         if not model.is_file():
             raise ModelError(f"{model}: the bundle's model file is missing (manifest field 'model')")
         name = f"{manifest.get('name', model.stem)}:{manifest.get('version', '?')}"
-        return cls(model, options=options, name=name)
+        return cls(model, options=options, name=name, exact_qdq=manifest.get("format_kind") == "tensorrt")
 
     def providers(self) -> list[Any]:
         """The execution providers this backend asks for, in priority order."""
@@ -148,6 +154,8 @@ class OrtBackend(Backend):
             # 5.1 ms sleeping between operators (bench_serving, 1 client). Turn it off where the
             # cores are needed by other work between requests.
             so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        if self.exact_qdq:
+            so.add_session_config_entry("session.disable_quant_qdq", "1")
         if self.options.shared_arena and _register_shared_arena(ort):
             so.add_session_config_entry("session.use_env_allocators", "1")
         before = rss_bytes()

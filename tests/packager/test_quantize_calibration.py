@@ -1,14 +1,17 @@
-"""Calibration runs in bounded chunks and gives the same ranges as one pass over all samples."""
+"""Calibration: one streaming pass, any sample count, any per-sample shape, bounded memory."""
 
 from __future__ import annotations
 
+import numpy as np
 import onnx
 import pytest
-from onnx import numpy_helper
+from onnx import TensorProto, helper, numpy_helper
 
 from cuvil_edge.packager import quantize as qmod
-from cuvil_edge.packager.data import load_dataset
+from cuvil_edge.packager.calibrate import RangeCollector, TensorStats, collect_ranges
+from cuvil_edge.packager.data import Dataset, load_dataset
 from cuvil_edge.packager.load import load_model, model_inputs
+from cuvil_edge.packager.validate import make_session, run_model
 
 
 def _scales(model: onnx.ModelProto) -> dict[str, list[float]]:
@@ -21,39 +24,105 @@ def _scales(model: onnx.ModelProto) -> dict[str, list[float]]:
 def digits(digits_model):
     model = load_model(digits_model)
     spec = model_inputs(model)
-    return model, load_dataset("builtin:digits-calibration", spec, {}, 64, seed=0)
+    return model, load_dataset("builtin:digits-calibration", spec, {}, 100, seed=0)
 
 
-def test_chunk_size_divides_the_batch_count():
-    data = type("D", (), {"__len__": lambda self: 16 * 6, "inputs": {}})()
-    assert qmod._Reader(data).chunk_batches(2) == 2
-    assert qmod._Reader(data).chunk_batches(4) == 3
-    prime = type("D", (), {"__len__": lambda self: 16 * 5, "inputs": {}})()
-    assert qmod._Reader(prime).chunk_batches(2) == 1
+def _fully_convolutional() -> onnx.ModelProto:
+    """Conv -> Relu -> Conv -> Sigmoid with dynamic H and W, like a text detector's head."""
+    rng = np.random.default_rng(3)
+    w1 = numpy_helper.from_array(rng.standard_normal((8, 3, 3, 3)).astype(np.float32) * 0.3, "w1")
+    b1 = numpy_helper.from_array(rng.standard_normal(8).astype(np.float32) * 0.1, "b1")
+    w2 = numpy_helper.from_array(rng.standard_normal((1, 8, 3, 3)).astype(np.float32) * 0.3, "w2")
+    b2 = numpy_helper.from_array(np.zeros(1, np.float32), "b2")
+    nodes = [
+        helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], name="c1", pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c1"], ["r1"], name="r1"),
+        helper.make_node("Conv", ["r1", "w2", "b2"], ["c2"], name="c2", pads=[1, 1, 1, 1]),
+        helper.make_node("Sigmoid", ["c2"], ["y"], name="y"),
+    ]
+    graph = helper.make_graph(
+        nodes, "fcn", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3, "H", "W"])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 1, "H", "W"])], [w1, b1, w2, b2])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
 
 
-@pytest.mark.parametrize("method", ["minmax", "percentile"])
-def test_chunked_calibration_matches_one_pass(digits, monkeypatch, method):
+def test_widening_keeps_every_count_and_the_percentile():
+    rng = np.random.default_rng(0)
+    stats = TensorStats(4096)
+    chunks = [rng.standard_normal(5000) * s for s in (0.1, 1.0, 7.0, 30.0)]  # range grows 3 times
+    for c in chunks:
+        stats.add(c)
+    everything = np.concatenate(chunks)
+    assert stats.hist.sum() == everything.size and stats.hist.size == 4096
+    assert stats.minimum == pytest.approx(everything.min()) and stats.maximum == pytest.approx(everything.max())
+    lo, hi = stats.range("percentile", True, 99.0)
+    exact = np.percentile(np.abs(everything), 99.0)
+    # The widest range is at most 2x the peak; a bin is limit/2048 wide, merged bins at most twice that.
+    assert hi == -lo and abs(hi - exact) <= 4 * stats.limit / 2048
+    assert stats.range("minmax", False, 0) == (pytest.approx(everything.min()), pytest.approx(everything.max()))
+
+
+def test_minmax_ranges_equal_one_pass_whatever_the_batching(digits):
     model, calib = digits
-    calls: list[tuple[int, int]] = []
-    real = qmod._Reader.set_range
+    one = collect_ranges(model, calib, batch=len(calib)).ranges("minmax", False)
+    many = collect_ranges(model, calib, batch=3).ranges("minmax", False)
+    assert one.keys() == many.keys() and len(one) > 5
+    for name in one:
+        assert many[name] == pytest.approx(one[name], rel=1e-6, abs=1e-7)
 
-    def spy(self, start_index, end_index):
-        calls.append((start_index, end_index))
-        real(self, start_index, end_index)
 
-    monkeypatch.setattr(qmod._Reader, "set_range", spy)
-    with qmod.Quantizer(model, "ort-cpu", calib, method) as q:
-        chunked = _scales(q.quantize())
-    # 64 samples = 4 batches of 16, read 2 batches at a time, each exactly once.
-    assert calls == [(0, 2), (2, 4)]
+def test_minmax_ranges_match_onnxruntime_calibrator(digits, tmp_path):
+    """Our streaming minmax gives the ranges ONNX Runtime's own MinMax calibrator gives."""
+    from onnxruntime.quantization.calibrate import CalibrationDataReader, create_calibrator
 
-    calls.clear()
-    monkeypatch.setattr(qmod._Reader, "chunk_batches", lambda self, max_batches=0: len(self))
-    with qmod.Quantizer(model, "ort-cpu", calib, method) as q:
-        whole = _scales(q.quantize())
-    assert calls == [(0, 4)]
-    assert chunked.keys() == whole.keys() and chunked
-    for name in whole:
-        # min/max merge exactly; histograms are re-binned as they grow, so percentiles move a little.
-        assert chunked[name] == pytest.approx(whole[name], rel=1e-6 if method == "minmax" else 0.05)
+    model, calib = digits
+    path = tmp_path / "m.onnx"
+    onnx.save(model, str(path))
+
+    class Reader(CalibrationDataReader):
+        def __init__(self) -> None:
+            self.it = iter([feed for _, _, feed in calib.batches(16)])
+
+        def get_next(self):
+            return next(self.it, None)
+
+    cal = create_calibrator(path, augmented_model_path=str(tmp_path / "aug.onnx"))
+    cal.collect_data(Reader())
+    theirs = {k: (float(v.range_value[0]), float(v.range_value[1])) for k, v in cal.compute_data().data.items()}
+    ours = collect_ranges(model, calib).ranges("minmax", False)
+    common = set(theirs) & set(ours)
+    assert len(common) >= len(theirs) - 1 > 3
+    for name in common:
+        assert ours[name] == pytest.approx(theirs[name], rel=1e-5, abs=1e-6)
+
+
+@pytest.mark.parametrize("count", [1, 7, 22, 33, 40, 80])
+def test_any_sample_count_quantizes(digits, count):
+    """Counts that made the chunked ONNX Runtime calibrator fail (22-40, 80) now quantize."""
+    model, calib = digits
+    with qmod.Quantizer(model, "tensorrt", calib.slice(0, count), "percentile") as q:
+        assert _scales(q.quantize())
+
+
+def test_samples_of_different_sizes_calibrate_and_validate():
+    """A fully convolutional model fed images of different H/W (one at a time) quantizes and runs."""
+    model = _fully_convolutional()
+    rng = np.random.default_rng(1)
+    samples = [rng.random((1, 3, h, w), dtype=np.float32) for h, w in [(32, 48), (64, 32), (32, 48), (40, 96), (24, 24)]]
+    data = Dataset({"x": samples}, None, "ragged")
+    assert data.ragged and [stop - start for start, stop, _ in data.batches(8)] == [1, 1, 1, 1, 1]
+    with qmod.Quantizer(model, "tensorrt", data, "percentile") as q:
+        quantized = q.quantize()
+    ref = run_model(make_session(model), data)["y"]
+    got = run_model(make_session(qmod.target_arithmetic(quantized)), data)["y"]
+    assert isinstance(ref, list) and [r.shape for r in ref] == [s[:, :1].shape for s in samples]
+    assert all(np.abs(r - g).max() < 0.05 for r, g in zip(ref, got, strict=True))
+
+
+def test_collector_memory_is_bins_per_tensor_not_samples(digits):
+    model, calib = digits
+    small = collect_ranges(model, calib.slice(0, 10))
+    large = collect_ranges(model, calib)
+    assert set(small.stats) == set(large.stats)
+    assert all(s.hist.size == RangeCollector().bins for s in large.stats.values())
+    assert large.samples == len(calib) == 100

@@ -1,0 +1,185 @@
+"""Activation ranges for INT8 calibration, collected in one streaming pass over any data.
+
+Why not ONNX Runtime's calibrators: they keep per-batch lists of every intermediate tensor and turn
+them into one array (``np.asarray`` over batches), so batches of different sizes, or samples whose
+H/W differ (OCR crops, detectors at the image's own size), abort with "inhomogeneous shape"; and
+without chunking they hold every activation of every sample at once (24 GB for 512 EfficientNet
+crops). Here each tensor keeps a fixed-size signed histogram whose range doubles when a larger value
+arrives (old bins merge pairwise), plus its exact minimum and maximum, so memory is one batch of
+activations plus ``bins`` counters per tensor, whatever the sample count or shapes.
+
+The ranges are handed to ONNX Runtime's quantizer through its calibration cache
+(``TensorsData``), so quantization itself (Q/DQ placement, scales, per-channel weights) stays
+ONNX Runtime's, and the mixed-precision search re-quantizes many times without calibrating again.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import onnx
+
+from cuvil_edge.errors import QuantizationError
+from cuvil_edge.packager.data import Dataset
+
+__all__ = ["HISTOGRAM_BINS", "RangeCollector", "TensorStats", "collect_ranges"]
+
+# Signed bins over [-R, R]: 2048 bins of |x| for the percentile, as ONNX Runtime's default.
+HISTOGRAM_BINS = 4096
+# Entropy (KL) calibration works on ONNX Runtime's default of 128 bins (more clipped ReLU6 outputs).
+ENTROPY_BINS = 128
+ENTROPY_QUANTIZED_BINS = 128
+
+
+@dataclass
+class TensorStats:
+    """Running statistics of one tensor: exact min/max and a signed histogram on [-limit, limit]."""
+
+    bins: int
+    minimum: float = math.inf
+    maximum: float = -math.inf
+    limit: float = 0.0
+    hist: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+
+    def add(self, values: np.ndarray) -> None:
+        flat = np.asarray(values, dtype=np.float32).ravel()
+        flat = flat[np.isfinite(flat)]
+        if flat.size == 0:
+            return
+        lo, hi = float(flat.min()), float(flat.max())
+        self.minimum, self.maximum = min(self.minimum, lo), max(self.maximum, hi)
+        peak = max(abs(lo), abs(hi))
+        if self.hist.size == 0:
+            self.limit = peak if peak > 0 else 1e-8
+            self.hist = np.zeros(self.bins, np.int64)
+        elif peak > self.limit:
+            self._widen(peak)
+        counts, _ = np.histogram(flat, self.bins, range=(-self.limit, self.limit))
+        self.hist += counts
+
+    def _widen(self, peak: float) -> None:
+        """Grow the range by a power of two so ``peak`` fits; old bins merge into the wider ones."""
+        factor = 2 ** math.ceil(math.log2(peak / self.limit))
+        old_width = 2 * self.limit / self.bins
+        centers = -self.limit + (np.arange(self.bins) + 0.5) * old_width
+        new_limit = self.limit * factor
+        new_width = 2 * new_limit / self.bins
+        idx = np.clip(((centers + new_limit) / new_width).astype(np.int64), 0, self.bins - 1)
+        self.hist = np.bincount(idx, weights=self.hist, minlength=self.bins).astype(np.int64)
+        self.limit = new_limit
+
+    def edges(self) -> np.ndarray:
+        return np.linspace(-self.limit, self.limit, self.bins + 1, dtype=np.float64)
+
+    def range(self, method: str, symmetric: bool, percentile: float) -> tuple[float, float]:
+        """The (lowest, highest) values to quantize, by calibration method."""
+        if self.hist.size == 0:
+            return 0.0, 0.0
+        peak = max(abs(self.minimum), abs(self.maximum))
+        if method == "minmax":
+            return (-peak, peak) if symmetric else (self.minimum, self.maximum)
+        if method == "percentile":
+            half = self.bins // 2
+            absolute = self.hist[half:] + self.hist[:half][::-1]
+            cdf = np.cumsum(absolute) / max(1, absolute.sum())
+            idx = int(np.searchsorted(cdf, percentile / 100.0))
+            threshold = min(peak, (idx + 1) * (self.limit / half))
+            if symmetric:
+                return -threshold, threshold
+            return max(self.minimum, -threshold), min(self.maximum, threshold)
+        if method == "entropy":
+            return self._entropy(symmetric)
+        raise QuantizationError(f"unknown calibration method '{method}' (percentile, minmax or entropy)")
+
+    def _entropy(self, symmetric: bool) -> tuple[float, float]:
+        """TensorRT's KL-divergence threshold (ONNX Runtime's implementation) on ENTROPY_BINS bins."""
+        from onnxruntime.quantization.calibrate import HistogramCollector
+
+        group = self.bins // ENTROPY_BINS
+        hist = self.hist.reshape(ENTROPY_BINS, group).sum(axis=1)
+        edges = np.linspace(-self.limit, self.limit, ENTROPY_BINS + 1).astype(np.float32)
+        collector = HistogramCollector("entropy", symmetric, ENTROPY_BINS, ENTROPY_QUANTIZED_BINS, 99.999, "same")
+        threshold = np.float32(self.limit)
+        lo, hi = collector.get_entropy_threshold(
+            (hist, edges, np.float32(self.minimum), np.float32(self.maximum), threshold), ENTROPY_QUANTIZED_BINS)
+        return float(lo), float(hi)
+
+
+class RangeCollector:
+    """Statistics of every float activation of a model, fed batch by batch."""
+
+    def __init__(self, bins: int = HISTOGRAM_BINS) -> None:
+        self.bins = bins
+        self.stats: dict[str, TensorStats] = {}
+        self.samples = 0
+
+    def add(self, name: str, values: np.ndarray) -> None:
+        self.stats.setdefault(name, TensorStats(self.bins)).add(values)
+
+    def ranges(self, method: str, symmetric: bool, percentile: float = 99.999) -> dict[str, tuple[float, float]]:
+        return {name: s.range(method, symmetric, percentile) for name, s in self.stats.items()}
+
+    def tensors_data(self, method: str, symmetric: bool, percentile: float = 99.999) -> Any:
+        """The ranges as ONNX Runtime's ``TensorsData`` (what its calibration cache holds)."""
+        from onnxruntime.quantization.calibrate import CalibrationMethod, TensorData, TensorsData
+
+        methods = {"percentile": CalibrationMethod.Percentile, "minmax": CalibrationMethod.MinMax,
+                   "entropy": CalibrationMethod.Entropy}
+        data = {name: TensorData(lowest=np.float32(lo), highest=np.float32(hi))
+                for name, (lo, hi) in self.ranges(method, symmetric, percentile).items()}
+        return TensorsData(methods[method], data)
+
+
+def _float_tensors(model: onnx.ModelProto) -> list[str]:
+    """Graph inputs and node outputs that carry floats (what quantization may need a range for)."""
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model)
+    except Exception:  # noqa: BLE001 - fall back to every output; non-float ones are dropped at run time
+        inferred = model
+    types = {vi.name: vi.type.tensor_type.elem_type
+             for vi in list(inferred.graph.value_info) + list(inferred.graph.input) + list(inferred.graph.output)}
+    floats = (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16)
+    inits = {i.name for i in model.graph.initializer}
+    names = [i.name for i in model.graph.input if i.name not in inits]
+    for node in model.graph.node:
+        names.extend(o for o in node.output if o)
+    return [n for n in dict.fromkeys(names) if types.get(n, onnx.TensorProto.FLOAT) in floats]
+
+
+def collect_ranges(model: onnx.ModelProto, data: Dataset, batch: int = 8,
+                   on_batch: Callable[[int, int], None] | None = None, threads: int = 0) -> RangeCollector:
+    """One pass of ``data`` through ``model`` with every float activation exposed, into histograms.
+
+    Memory: one batch of every activation (``batch`` samples) plus the histograms.
+    """
+    from cuvil_edge.packager.validate import make_session
+
+    names = _float_tensors(model)
+    aug = copy.deepcopy(model)
+    present = {o.name for o in aug.graph.output}
+    for name in names:
+        if name not in present:
+            aug.graph.output.append(onnx.helper.make_empty_tensor_value_info(name))
+    session = make_session(aug, threads=threads)
+    outputs = [o.name for o in session.get_outputs()]
+    fixed_batch = any(isinstance(i.shape[0], int) for i in session.get_inputs() if i.shape)
+    collector = RangeCollector()
+    total = len(data)
+    for start, stop, feed in data.batches(1 if fixed_batch else batch):
+        if on_batch is not None:
+            on_batch(start, total)
+        # Model inputs are ranges too (their Q node comes first).
+        for name, value in feed.items():
+            collector.add(name, value)
+        for name, value in zip(outputs, session.run(outputs, feed), strict=True):
+            if isinstance(value, np.ndarray) and value.dtype.kind == "f":
+                collector.add(name, value)
+        collector.samples += stop - start
+    if on_batch is not None:
+        on_batch(total, total)
+    return collector
