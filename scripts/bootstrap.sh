@@ -43,6 +43,13 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$sum" ]; then
   echo "$sum" > "$stamp"
 fi
 
+# test: public ONNX models for the packager's real-model corpus (PaddleOCR's, as PyPI's
+# rapidocr-onnxruntime ships them). Without its dependencies: the tests read only the .onnx files.
+if [ "$job" = test ] && ! .venv/bin/python -c "import importlib.metadata as m; m.version('rapidocr-onnxruntime')" 2>/dev/null; then
+  echo "==> pip install --no-deps rapidocr-onnxruntime (test models)"
+  .venv/bin/python -m pip install -q --no-deps "rapidocr-onnxruntime==1.4.4"
+fi
+
 # Native kernels: host library for the toolkit, aarch64 library for bundles.
 if [ -x cross/build.sh ]; then
   cross/build.sh host >/dev/null

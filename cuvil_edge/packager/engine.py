@@ -237,6 +237,12 @@ def make_build_plan(
     warnings: list[str] = []
 
     # ---- precision
+    # Three-tier mixed precision (INT8 / FP16 / FP32 per layer group, from the packager's search).
+    # TensorRT 10.x: FP16 + INT8 builder flags, FP32 layers pinned by per-layer precision. Strongly typed
+    # (TensorRT 11): precision lives in the ONNX, so the builder casts the FP16 layers before parsing.
+    tiers = manifest.get("layer_precisions") or {}
+    layer_fp16 = sorted(tiers.get("fp16") or [])
+    layer_fp32 = sorted(tiers.get("fp32") or [])
     typed = major >= 11 or bool(strongly_typed)
     network_flags: list[str] = []
     builder_flags: list[str] = []
@@ -254,10 +260,13 @@ def make_build_plan(
                             "build has no INT8; quantize the model first")
     else:
         mode = "builder_flags"
-        if precision in ("fp16", "int8") or facts["has_fp16"]:
+        if precision in ("fp16", "int8") or facts["has_fp16"] or layer_fp16:
             builder_flags.append("FP16")
         if precision in ("int8", "mixed") or facts["has_qdq"]:
             builder_flags.append("INT8")
+        if layer_fp32 and "FP16" in builder_flags:
+            # Layers the mixed search kept in FP32 must not be given FP16 kernels by the builder.
+            builder_flags.append("OBEY_PRECISION_CONSTRAINTS")
         if precision in ("int8", "mixed") and not facts["has_qdq"]:
             warnings.append(f"precision {precision} without Q/DQ nodes: TensorRT {trt} would need an "
                             "INT8 calibrator; quantize the model to Q/DQ first")
@@ -316,6 +325,8 @@ def make_build_plan(
         "profiles": [profile] if profile else [],
         "unresolved_inputs": unresolved,
         "plugins": facts["plugins"],
+        "layer_precisions": ({"fp32": layer_fp32} if not typed and layer_fp32 else {}),
+        "fp16_casts": layer_fp16 if typed else [],
         "dla": dla,
         "timing_cache": f"timing_l4t-{release.l4t}_trt-{trt}_sm{target.gpu_sm}.cache",
         "engine_key": key.to_dict(),
@@ -486,7 +497,11 @@ class EngineFromOnnx:
             flags |= 1 << int(getattr(trt.NetworkDefinitionCreationFlag, name))
         network = builder.create_network(flags)
         parser = trt.OnnxParser(network, logger)
-        if not parser.parse_from_file(str(self.onnx_path)):
+        source = self.onnx_path
+        if plan.get("fp16_casts"):
+            # Strongly typed: precision lives in the ONNX, so the FP16 tier becomes casts before parsing.
+            source = _with_fp16_casts(self.onnx_path, list(plan["fp16_casts"]))
+        if not parser.parse_from_file(str(source)):
             errors = [str(parser.get_error(i)) for i in range(parser.num_errors)]
             raise ModelError(f"{self.onnx_path}: TensorRT {have} could not parse the model: "
                              + "; ".join(errors or ["no parser error recorded"]))
@@ -500,6 +515,13 @@ class EngineFromOnnx:
             # TensorRT 8.x/10.x weak typing; 11.x removed these flags, its plans carry none.
             for name in plan["builder_flags"]:
                 config.set_flag(getattr(trt.BuilderFlag, name))
+            pinned = set((plan.get("layer_precisions") or {}).get("fp32") or [])
+            for i in range(network.num_layers if pinned else 0):
+                layer = network.get_layer(i)
+                if layer.name in pinned:  # the ONNX parser names each layer after its node
+                    layer.precision = trt.float32
+                    for j in range(layer.num_outputs):
+                        layer.set_output_type(j, trt.float32)
         for shapes in plan["profiles"]:
             profile = builder.create_optimization_profile()
             for name, p in shapes.items():
@@ -523,6 +545,41 @@ class EngineFromOnnx:
         if cache is not None and self.timing_cache is not None:
             atomic_write_bytes(self.timing_cache, bytes(memoryview(config.get_timing_cache().serialize())))
         return bytes(memoryview(serialized))
+
+
+def _with_fp16_casts(onnx_path: Path, nodes: list[str]) -> Path:
+    """A copy of the model beside it whose ``nodes`` compute in FP16, with casts at their borders."""
+    import onnx
+    from onnxruntime.transformers.float16 import convert_float_to_float16
+
+    model = onnx.load(str(onnx_path))
+    wanted = set(nodes)
+    block = [n.name for n in model.graph.node if n.name not in wanted]
+    typed = convert_float_to_float16(model, keep_io_types=True, node_block_list=block)
+    _topological_sort(typed.graph)  # the converter appends its input casts after their readers
+    out = Path(onnx_path).with_name(Path(onnx_path).stem + ".fp16-casts.onnx")
+    onnx.save(typed, str(out))
+    return out
+
+
+def _topological_sort(graph: Any) -> None:
+    """Reorder ``graph.node`` so every node comes after the producers of its inputs (stable)."""
+    available = {i.name for i in graph.input} | {i.name for i in graph.initializer} | {""}
+    pending, ordered = list(graph.node), []
+    while pending:
+        ready = [n for n in pending if all(i in available for i in n.input)]
+        if not ready:
+            raise ModelError("the model's graph has a cycle or an input nothing produces")
+        for node in ready:
+            available.update(node.output)
+        ordered.extend(ready)
+        ids = {id(n) for n in ready}
+        pending = [n for n in pending if id(n) not in ids]
+    copies = [type(n)() for n in ordered]
+    for dst, src in zip(copies, ordered, strict=True):
+        dst.CopyFrom(src)
+    del graph.node[:]
+    graph.node.extend(copies)
 
 
 def build_engine(plan_path: Path, onnx_path: Path, out_path: Path, timing_cache: Path | None = None) -> Path:

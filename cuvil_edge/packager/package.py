@@ -319,6 +319,7 @@ def package(
             "latency_target_ms": {"p95": recipe.latency_p95_ms} if recipe.latency_p95_ms else {},
             "validation": {"report": "validation.json", "sample_inputs": "sample/inputs.npz",
                            "sample_expected": "sample/expected.npz", **tolerance},
+            "layer_precisions": {"fp16": qinfo.get("fp16_nodes") or [], "fp32": qinfo.get("fp32_nodes") or []},
             "engines": [],
             "build_plans": [],
             "plugins": {},

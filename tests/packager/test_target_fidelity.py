@@ -175,3 +175,32 @@ def test_inspect_flags_an_int32_bias_dequantize():
 def test_package_refuses_a_model_trt_would_reject():
     with pytest.raises(QuantizationError, match="dq_bias.*only activation types.*TensorRT"):
         check_tensorrt_form(_qdq_model(bias_int32=True), get_target("orin-nano-8gb"))
+
+
+# ---------------------------------------------------------------- three tiers reach the TensorRT plan
+
+
+def test_plan_carries_the_fp16_tier_as_flags_or_casts(digits_trt, tmp_path):
+    from cuvil_edge.packager.engine import _with_fp16_casts, make_build_plan
+
+    quantized, _ = digits_trt
+    path = tmp_path / "m.onnx"
+    onnx.save(quantized, str(path))
+    float_nodes = [n.name for n in quantized.graph.node if n.op_type in ("Relu", "Flatten")]
+    manifest = {"precision": "mixed", "max_batch": 4,
+                "layer_precisions": {"fp16": float_nodes[:1], "fp32": float_nodes[1:2]}}
+    target = get_target("orin-nano-8gb")
+    trt10 = next(r for r in target.releases if r.tensorrt.startswith("10"))
+    weak = make_build_plan(path, manifest, target, trt10)
+    assert weak["precision_mode"] == "builder_flags"
+    assert {"FP16", "INT8", "OBEY_PRECISION_CONSTRAINTS"} <= set(weak["builder_flags"])
+    assert weak["layer_precisions"] == {"fp32": float_nodes[1:2]} and weak["fp16_casts"] == []
+    typed = make_build_plan(path, manifest, target, trt10, strongly_typed=True)
+    assert typed["precision_mode"] == "strongly_typed" and typed["builder_flags"] == []
+    assert typed["fp16_casts"] == float_nodes[:1]
+    cast = onnx.load(str(_with_fp16_casts(path, typed["fp16_casts"])))
+    onnx.checker.check_model(cast)
+    assert any(n.op_type == "Cast" for n in cast.graph.node)
+    # Plain INT8 (no tiers): no FP16 flag appears from nowhere.
+    plain = make_build_plan(path, {"precision": "int8", "max_batch": 4}, target, trt10)
+    assert plain["fp16_casts"] == [] and plain["layer_precisions"] == {}
