@@ -126,3 +126,40 @@ def test_collector_memory_is_bins_per_tensor_not_samples(digits):
     assert set(small.stats) == set(large.stats)
     assert all(s.hist.size == RangeCollector().bins for s in large.stats.values())
     assert large.samples == len(calib) == 100
+
+
+def _two_input_model(opset: int) -> onnx.ModelProto:
+    """Two image inputs, a conv on each, added: calibration must feed and range both inputs."""
+    rng = np.random.default_rng(5)
+    inits = [numpy_helper.from_array(rng.standard_normal((4, 3, 3, 3)).astype(np.float32) * 0.3, f"w{i}")
+             for i in (1, 2)]
+    nodes = [
+        helper.make_node("Conv", ["a", "w1"], ["ca"], name="conv_a", pads=[1, 1, 1, 1]),
+        helper.make_node("Conv", ["b", "w2"], ["cb"], name="conv_b", pads=[1, 1, 1, 1]),
+        helper.make_node("Add", ["ca", "cb"], ["s"], name="add"),
+        helper.make_node("Relu", ["s"], ["y"], name="relu"),
+    ]
+    inputs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, ["N", 3, 16, 16]) for n in ("a", "b")]
+    graph = helper.make_graph(nodes, "two", inputs, [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                              inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+
+
+@pytest.mark.parametrize("opset", [10, 13, 17, 21])
+@pytest.mark.parametrize("form", ["tensorrt", "ort-cpu"])
+def test_two_inputs_and_opsets_10_to_21_quantize(opset, form):
+    from cuvil_edge.packager.qdq_rules import check_qdq
+
+    model = _two_input_model(opset)
+    rng = np.random.default_rng(2)
+    data = Dataset({"a": rng.standard_normal((9, 3, 16, 16)).astype(np.float32),
+                    "b": rng.standard_normal((9, 3, 16, 16)).astype(np.float32)}, None, "two inputs")
+    with qmod.Quantizer(model, form, data) as q:
+        quantized = q.quantize()
+    quantized_inputs = {n.input[0] for n in quantized.graph.node if n.op_type == "QuantizeLinear"}
+    assert {"a", "b"} <= quantized_inputs
+    ref = run_model(make_session(model), data)["y"]
+    got = run_model(make_session(qmod.target_arithmetic(quantized)), data)["y"]
+    assert np.abs(ref - got).max() < 0.1 * np.abs(ref).max()
+    if form == "tensorrt":
+        assert check_qdq(quantized, ["8.6.2", "10.3.0"], "8.7") == []
