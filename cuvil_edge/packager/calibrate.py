@@ -31,6 +31,8 @@ __all__ = ["HISTOGRAM_BINS", "RangeCollector", "TensorStats", "collect_ranges"]
 
 # Signed bins over [-R, R]: 2048 bins of |x| for the percentile, as ONNX Runtime's default.
 HISTOGRAM_BINS = 4096
+# Values a tensor's histogram reads per batch (min and max always read every value).
+HISTOGRAM_CAP = 1 << 20
 # Entropy (KL) calibration works on ONNX Runtime's default of 128 bins (more clipped ReLU6 outputs).
 ENTROPY_BINS = 128
 ENTROPY_QUANTIZED_BINS = 128
@@ -48,10 +50,14 @@ class TensorStats:
 
     def add(self, values: np.ndarray) -> None:
         flat = np.asarray(values, dtype=np.float32).ravel()
-        flat = flat[np.isfinite(flat)]
         if flat.size == 0:
             return
         lo, hi = float(flat.min()), float(flat.max())
+        if not (math.isfinite(lo) and math.isfinite(hi)):  # rare: filter only when needed
+            flat = flat[np.isfinite(flat)]
+            if flat.size == 0:
+                return
+            lo, hi = float(flat.min()), float(flat.max())
         self.minimum, self.maximum = min(self.minimum, lo), max(self.maximum, hi)
         peak = max(abs(lo), abs(hi))
         if self.hist.size == 0:
@@ -59,8 +65,14 @@ class TensorStats:
             self.hist = np.zeros(self.bins, np.int64)
         elif peak > self.limit:
             self._widen(peak)
-        counts, _ = np.histogram(flat, self.bins, range=(-self.limit, self.limit))
-        self.hist += counts
+        if flat.size > HISTOGRAM_CAP:
+            # Min and max above are exact; the histogram reads an even stride of at most
+            # HISTOGRAM_CAP values a batch (EfficientNet's first activations hold 400k values a
+            # sample), which keeps ~100 values beyond a 99.999 percentile over 16 batches.
+            flat = flat[:: -(-flat.size // HISTOGRAM_CAP)]
+        idx = ((flat + np.float32(self.limit)) * np.float32(self.bins / (2 * self.limit))).astype(np.int32)
+        np.clip(idx, 0, self.bins - 1, out=idx)
+        self.hist += np.bincount(idx, minlength=self.bins)
 
     def _widen(self, peak: float) -> None:
         """Grow the range by a power of two so ``peak`` fits; old bins merge into the wider ones."""

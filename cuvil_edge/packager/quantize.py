@@ -35,6 +35,7 @@ from cuvil_edge.packager.calibrate import collect_ranges
 from cuvil_edge.packager.data import Dataset
 from cuvil_edge.packager.emulate import emulate_fp16, emulate_qdq
 from cuvil_edge.packager.load import upgrade_opset
+from cuvil_edge.packager.partial_quant import float_nodes_except, with_float_nodes
 from cuvil_edge.packager.validate import compare_outputs, goal_failures, make_session, run_model
 from cuvil_edge.recipes import AccuracyGoal
 
@@ -208,6 +209,11 @@ class Quantizer:
             return src
         return out
 
+    @property
+    def float_model(self) -> onnx.ModelProto:
+        """The float model as the quantizer sees it (after ONNX Runtime's pre-processing)."""
+        return onnx.load(str(self._prepared))
+
     def calibrate(self) -> None:
         """Collect activation ranges once (streaming) and store them as ONNX Runtime's calibration cache."""
         if self._cache.is_file():
@@ -302,11 +308,14 @@ class Quantizer:
         if not misses:
             self._progress(f"INT8 meets the goal with no layer kept in float (search error {err:.4f})")
             return MixedResult(full, [], {}, steps)
+        # Variants of the one quantized model (``partial_quant``): no quantizer run per question.
+        float_model = self.float_model
         sensitivity: dict[str, float] = {}
         for i, (name, nodes) in enumerate(groups.items()):
             self._progress(f"sensitivity {i + 1}/{len(groups)}: {name}")
             self._bar("layer sensitivity", i, len(groups))
-            sensitivity[name] = score(self.quantize(nodes_to_quantize=nodes))[0]
+            only = with_float_nodes(full, float_model, float_nodes_except(full, nodes))
+            sensitivity[name] = score(only)[0]
         self._bar("layer sensitivity", len(groups), len(groups))
         order = sorted(sensitivity, key=lambda k: -sensitivity[k])
         tiers: dict[str, str] = {}
@@ -314,10 +323,16 @@ class Quantizer:
 
         def attempt() -> tuple[onnx.ModelProto, float, list[str], dict[str, Any]]:
             excluded = [n for g in tiers for n in groups[g]]
-            model = self.quantize(nodes_to_exclude=excluded)
             half = [n for g, t in tiers.items() if t == "fp16" for n in groups[g]]
+            model = with_float_nodes(full, float_model, set(excluded))
             e, miss, m = score(model, half)
-            steps.append({"kept_float": list(tiers), "tiers": dict(tiers), "error": e, "failures": miss, "metrics": m})
+            kind_of = "variant"
+            if not miss:  # confirm on the model that would ship, quantized for real
+                model = self.quantize(nodes_to_exclude=excluded)
+                e, miss, m = score(model, half)
+                kind_of = "quantized"
+            steps.append({"kept_float": list(tiers), "tiers": dict(tiers), "error": e, "failures": miss,
+                          "metrics": m, "model": kind_of})
             shown = ", ".join(f"{g}={t}" for g, t in tiers.items())
             self._progress(f"kept {len(tiers)} group(s) out of INT8 ({shown}): error {e:.5f}, "
                            f"{'goal met' if not miss else 'goal missed'}")
@@ -340,6 +355,8 @@ class Quantizer:
                 model, err, misses, metrics = attempt()
                 if not misses:
                     break
+        if misses:  # the goal was never met: ship the last step, quantized for real (validation will say)
+            model = self.quantize(nodes_to_exclude=[n for g in tiers for n in groups[g]])
         return MixedResult(
             model, list(tiers), sensitivity, steps, tiers, fp16_sensitivity,
             fp16_nodes=[n for g, t in tiers.items() if t == "fp16" for n in groups[g]],

@@ -204,3 +204,27 @@ def test_plan_carries_the_fp16_tier_as_flags_or_casts(digits_trt, tmp_path):
     # Plain INT8 (no tiers): no FP16 flag appears from nowhere.
     plain = make_build_plan(path, {"precision": "int8", "max_batch": 4}, target, trt10)
     assert plain["fp16_casts"] == [] and plain["layer_precisions"] == {}
+
+
+# ---------------------------------------------------------------- mixed search variants by surgery
+
+
+def test_partial_variants_are_exact_at_both_ends(digits):
+    """All nodes rewired to float computes the float model; none rewired computes the quantized one."""
+    from cuvil_edge.packager.partial_quant import float_nodes_except, with_float_nodes
+
+    _, calib, evaluation = digits
+    with Quantizer(digits[0], "tensorrt", calib) as q:
+        quantized, model = q.quantize(), q.float_model
+    feed = dict(evaluation.inputs)
+    every = {n.name for n in quantized.graph.node if n.op_type not in ("QuantizeLinear", "DequantizeLinear")}
+    as_float = with_float_nodes(quantized, model, every)
+    assert not has_qdq(as_float)
+    np.testing.assert_allclose(_run(as_float, feed), _run(model, feed), rtol=1e-5, atol=1e-5)
+    untouched = with_float_nodes(quantized, model, set())
+    np.testing.assert_array_equal(_run(emulate_qdq(untouched), feed), _run(emulate_qdq(quantized), feed))
+    # "Only conv1 in INT8": conv1 still reads quantized inputs, nothing else does.
+    only = with_float_nodes(quantized, model, float_nodes_except(quantized, ["conv1"]))
+    readers = {n.name for n in only.graph.node for i in n.input
+               if any(p.output[0] == i and p.op_type == "DequantizeLinear" for p in only.graph.node)}
+    assert readers == {"conv1"}
