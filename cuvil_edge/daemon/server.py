@@ -34,6 +34,7 @@ from cuvil_edge.daemon.kserve import App
 from cuvil_edge.daemon.metrics import render_prometheus
 from cuvil_edge.daemon.models import ModelRegistry
 from cuvil_edge.daemon.resources import Resources
+from cuvil_edge.daemon.shm import SharedMemoryRegistry
 from cuvil_edge.daemon.store import BundleStore
 from cuvil_edge.errors import CuvilEdgeError, DaemonError
 from cuvil_edge.runtime import BackendOptions
@@ -99,6 +100,8 @@ class Server:
         self.resources = Resources(config)
         self.registry: ModelRegistry | None = None
         self.app: App | None = None
+        self.shm = SharedMemoryRegistry()
+        self.grpc: Any = None  # GrpcFrontend when gRPC is on
         self._servers: list[asyncio.AbstractServer] = []
         self._stop: asyncio.Event | None = None  # created on the loop
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -155,8 +158,9 @@ class Server:
         self.resources.bind(self.registry)
         self.app = App(self.registry, self.state, cfg.token, self.render_metrics,
                        self.resources.pressure if self.resources.has_scheduler else None,
-                       max_body=cfg.max_body_bytes)
+                       max_body=cfg.max_body_bytes, shm=self.shm)
         await self._listen(loop)
+        await self._listen_grpc()
         self.resources.notify("STATUS=loading models")
         names = cfg.models or self.store.names()
         for name in names:
@@ -202,6 +206,19 @@ class Server:
                 host, port = sock.getsockname()[:2]
                 self.bound.append(f"http://{host}:{port}")
         self._servers.append(srv)
+
+    async def _listen_grpc(self) -> None:
+        """Start the gRPC front end (same app, models and limits) unless it is turned off."""
+        from cuvil_edge.daemon.grpc_server import grpc_address
+
+        if grpc_address(self.config) is None:
+            return
+        try:
+            from cuvil_edge.daemon.grpc_server import GrpcFrontend
+        except ImportError as exc:
+            raise DaemonError(f"gRPC needs the grpcio package ({exc}); install it or run with --grpc 0") from exc
+        self.grpc = GrpcFrontend(self.app, self.config, self.shm)
+        self.bound.append(await self.grpc.start())
 
     # ------------------------------------------------------------------ signals
 
@@ -291,6 +308,8 @@ class Server:
             with contextlib.suppress(Exception):
                 await srv.wait_closed()
         self._servers.clear()
+        if self.grpc is not None:
+            await self.grpc.stop(0)
         if self.config.uds is not None:
             with contextlib.suppress(OSError):
                 Path(self.config.uds).unlink()
@@ -302,6 +321,8 @@ class Server:
         self.resources.notify("STOPPING=1", "STATUS=draining")
         for srv in self._servers:
             srv.close()
+        # gRPC refuses new calls now and lets those in progress finish within the drain timeout.
+        grpc_stopped = asyncio.ensure_future(self.grpc.stop(self.config.drain_timeout)) if self.grpc else None
         deadline = time.monotonic() + self.config.drain_timeout
         while time.monotonic() < deadline:
             for conn in list(self.state.connections):
@@ -315,9 +336,12 @@ class Server:
         for conn in list(self.state.connections):
             if conn.transport is not None:
                 conn.transport.close()
+        if grpc_stopped is not None:
+            await grpc_stopped
         await self._close_listeners()
         if self.registry is not None:
             await self.registry.close_all()
+        self.shm.close()
         self.resources.close()
         self.state.stopped = True
         self.state.phase = "stopped"
@@ -351,4 +375,6 @@ class Server:
                                                [({}, s.failed_unknown)]),
         }
         counters.update(self.resources.counters())
+        if self.grpc is not None:
+            counters.update(self.grpc.counters())
         return render_prometheus((i.stats for i in instances), gauges, counters)
