@@ -33,7 +33,7 @@ import numpy as np
 from cuvil_edge.errors import DaemonError
 
 __all__ = ["CUDA_SHM_UNSUPPORTED", "OutputTarget", "SharedMemoryError", "SharedMemoryRegistry",
-           "ShmRegion", "shm_params"]
+           "ShmRegion", "shm_params", "shm_route"]
 
 log = logging.getLogger("cuvil_edge.daemon.shm")
 
