@@ -279,6 +279,23 @@ def _identity(b: bytes) -> bytes:
     return b
 
 
+class _Malformed:
+    """Stands for a request message that does not parse (answered INVALID_ARGUMENT, not UNKNOWN)."""
+
+    def __init__(self, type_name: str, exc: Exception) -> None:
+        self.message = f"malformed {type_name} message: {exc}"
+
+
+def _parser(message_type: Any) -> Callable[[bytes], Any]:
+    def parse(data: bytes) -> Any:
+        try:
+            return message_type.FromString(data)
+        except Exception as exc:  # protobuf's DecodeError, or worse on hostile bytes
+            return _Malformed(message_type.DESCRIPTOR.name, exc)
+
+    return parse
+
+
 class GrpcFrontend:
     """The gRPC front end of one daemon.
 
@@ -413,19 +430,21 @@ class GrpcFrontend:
         table: dict[str, grpc.RpcMethodHandler] = {}
         for name, (request_type, fn) in unary.items():
             table[f"/{SERVICE}/{name}"] = grpc.unary_unary_rpc_method_handler(
-                self._unary(name, fn), request_deserializer=request_type.FromString,
+                self._unary(name, fn), request_deserializer=_parser(request_type),
                 response_serializer=lambda m: m.SerializeToString())
         table[f"/{SERVICE}/ModelInfer"] = grpc.unary_unary_rpc_method_handler(
-            self.model_infer, request_deserializer=pb.ModelInferRequest.FromString,
+            self.model_infer, request_deserializer=_parser(pb.ModelInferRequest),
             response_serializer=_identity)
         table[f"/{SERVICE}/ModelStreamInfer"] = grpc.stream_stream_rpc_method_handler(
-            self.model_stream_infer, request_deserializer=pb.ModelInferRequest.FromString,
+            self.model_stream_infer, request_deserializer=_parser(pb.ModelInferRequest),
             response_serializer=_identity)
         return table
 
     def _unary(self, name: str, fn: Callable[[Any], Any]) -> Callable[[Any, Any], Any]:
         async def call(request: Any, context: grpc.aio.ServicerContext) -> Any:
             try:
+                if isinstance(request, _Malformed):
+                    raise RpcFailure(grpc.StatusCode.INVALID_ARGUMENT, request.message)
                 result = fn(request)
                 if asyncio.iscoroutine(result):
                     result = await result
@@ -574,6 +593,8 @@ class GrpcFrontend:
         Raises:
             RpcFailure: refused before it reached a batcher.
         """
+        if isinstance(req, _Malformed):
+            raise RpcFailure(grpc.StatusCode.INVALID_ARGUMENT, req.message)
         inst = self._admit(req)
         try:
             arrays, n, outputs = decode_grpc_infer(req, inst, self.shm)
