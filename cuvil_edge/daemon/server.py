@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from cuvil_edge.daemon.config import Config
+from cuvil_edge.daemon.gpu_metrics import GpuMetrics
 from cuvil_edge.daemon.http import HttpProtocol
 from cuvil_edge.daemon.kserve import App
 from cuvil_edge.daemon.metrics import render_prometheus
@@ -102,6 +103,7 @@ class Server:
         self.app: App | None = None
         self.shm = SharedMemoryRegistry()
         self.grpc: Any = None  # GrpcFrontend when gRPC is on
+        self.gpu_metrics: GpuMetrics | None = None  # Triton's nv_gpu_* series, with telemetry
         self._servers: list[asyncio.AbstractServer] = []
         self._stop: asyncio.Event | None = None  # created on the loop
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -150,6 +152,7 @@ class Server:
         cfg = self.config
         self.store.check()
         self.resources.start()
+        self._start_gpu_metrics()
         opts = BackendOptions(device=cfg.device, intra_op_threads=cfg.intra_op_threads,
                               max_batch=cfg.max_batch, extra={"spin": cfg.spin})
         self.registry = ModelRegistry(self.store, opts, cfg, admit=self.resources.admit,
@@ -206,6 +209,18 @@ class Server:
                 host, port = sock.getsockname()[:2]
                 self.bound.append(f"http://{host}:{port}")
         self._servers.append(srv)
+
+    def _start_gpu_metrics(self) -> None:
+        """Feed every telemetry sample to Triton's GPU metrics (energy integrates all of them)."""
+        monitor = self.resources.monitor
+        if monitor is None:
+            return
+        target = self.resources.target
+        budget = target.extra.get("power_budget_w") if target is not None else None
+        self.gpu_metrics = GpuMetrics(self.config.board, budget)
+        if monitor.latest is not None:
+            self.gpu_metrics.update(monitor.latest)
+        monitor.subscribe(self.gpu_metrics.update)
 
     async def _listen_grpc(self) -> None:
         """Start the gRPC front end (same app, models and limits) unless it is turned off."""
@@ -353,6 +368,8 @@ class Server:
         """``/metrics`` body."""
         instances = self.registry.instances() if self.registry else []
         gauges = self.resources.gauges(instances)
+        if self.gpu_metrics is not None:
+            gauges.update(self.gpu_metrics.gauges())
         s = self.state
         gauges["cuvil_server_inflight_requests"] = ("Requests being served now", [({}, s.inflight)])
         gauges["cuvil_server_connections"] = ("Open client connections", [({}, len(s.connections))])
@@ -377,4 +394,6 @@ class Server:
         counters.update(self.resources.counters())
         if self.grpc is not None:
             counters.update(self.grpc.counters())
+        if self.gpu_metrics is not None:
+            counters.update(self.gpu_metrics.counters())
         return render_prometheus((i.stats for i in instances), gauges, counters)
