@@ -335,7 +335,8 @@ class GrpcFrontend:
             ("grpc.max_receive_message_length", self.max_message_bytes),
             ("grpc.max_send_message_length", max(self.max_message_bytes, 64 << 20)),
             ("grpc.max_concurrent_streams", int(cfg.grpc_max_streams)),
-            ("grpc.max_metadata_size", 64 * 1024),  # as HTTP's 64 KiB of headers
+            # As HTTP's header limit (--max-header-kb where the daemon has it, else 64 KiB).
+            ("grpc.max_metadata_size", int(getattr(cfg, "max_header_kb", 64)) * 1024),
             ("grpc.max_connection_idle_ms", int(cfg.keep_alive * 1000)),
             ("grpc.so_reuseport", 0),  # a port in use is an error, as for HTTP
         ]
