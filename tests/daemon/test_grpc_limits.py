@@ -175,3 +175,39 @@ class TestListening:
         assert 'cuvil_grpc_requests_total{method="ModelInfer",code="OK"} 1' in text
         assert 'cuvil_grpc_requests_total{method="ModelMetadata",code="NOT_FOUND"} 1' in text
         assert 'nv_inference_request_success{model="digits",version="1.0.0"} 1' in text
+
+
+def test_sigterm_drains_grpc_calls_in_flight(store, daemon_factory, digits_data):
+    """A gRPC call waiting in the batcher when SIGTERM comes is answered; then the daemon exits 0."""
+    import http.client
+    import signal
+    import threading
+
+    d = daemon_factory(store, "--max-queue-delay-us", "3000000")  # a lone request waits 3 s for company
+    c = d.grpc_client()
+    outcome: dict[str, object] = {}
+
+    def call() -> None:
+        inp = grpcclient.InferInput("input", [1, 1, 8, 8], "FP32")
+        inp.set_data_from_numpy(np.ascontiguousarray(digits_data[:1]))
+        try:
+            outcome["logits"] = c.infer("digits", [inp], client_timeout=60).as_numpy("logits")
+        except Exception as exc:  # reported below
+            outcome["error"] = exc
+
+    t = threading.Thread(target=call)
+    t.start()
+    deadline = time.monotonic() + 30
+    queued = False
+    while time.monotonic() < deadline and not queued:  # wait until the request sits in the queue
+        conn = http.client.HTTPConnection(*d.host_port, timeout=10)
+        conn.request("GET", "/metrics")
+        queued = 'cuvil_model_queue_size{model="digits",version="1.0.0"} 1' in conn.getresponse().read().decode()
+        conn.close()
+        time.sleep(0.05)
+    assert queued, d.log
+    d.send(signal.SIGTERM)
+    t.join(60)
+    assert "error" not in outcome, outcome
+    assert outcome["logits"].shape == (1, 10)
+    assert d.proc.wait(60) == 0
