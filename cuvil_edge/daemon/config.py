@@ -53,7 +53,7 @@ class Config:
     grpc_uds: Path | None = None
     grpc_max_message_mb: float | None = None
     grpc_max_streams: int = 100
-    grpc_max_rpcs: int = 1024
+    grpc_max_rpcs: int = 256
     token: str | None = None
     token_file: Path | None = None
     max_body_mb: float = 64.0

@@ -63,6 +63,7 @@ SERVICE = "inference.GRPCInferenceService"
 _OPEN_METHODS = frozenset({f"/{SERVICE}/ServerLive", f"/{SERVICE}/ServerReady"})
 _BEARER = re.compile(rb"^bearer[ \t]+(\S+)[ \t]*$", re.IGNORECASE)
 STREAM_MAX_INFLIGHT = 64  # requests of one ModelStreamInfer stream in flight at once
+STREAM_MAX_BYTES = 64 << 20  # and their request bytes (at least one message always fits)
 
 # InferTensorContents field per KServe datatype (FP16/BF16 travel raw only).
 _CONTENTS_FIELD = {
@@ -697,18 +698,22 @@ class GrpcFrontend:
         """Bidirectional stream: answers in completion order, each carrying its request's id.
 
         An error answers that request with ``error_message`` and the stream goes on, as Triton.
-        At most ``STREAM_MAX_INFLIGHT`` requests of one stream are in flight; reading waits.
+        At most ``STREAM_MAX_INFLIGHT`` requests and ``STREAM_MAX_BYTES`` of request messages of
+        one stream are in flight (inputs are read in place from the messages, so they stay alive
+        until the answer); beyond that the stream is not read, and HTTP/2 flow control holds the
+        client back.
         """
         if not self.authorized(context.invocation_metadata()):  # belt and braces: _Handlers checks first
             await context.abort(grpc.StatusCode.UNAUTHENTICATED, _UNAUTHENTICATED)
         answers: asyncio.Queue[bytes | None] = asyncio.Queue()
-        slots = asyncio.Semaphore(STREAM_MAX_INFLIGHT)
-        live: set[Pending] = set()
+        live: dict[Pending, int] = {}  # in flight -> its message bytes
+        held = [0]  # message bytes in flight
+        room = asyncio.Event()
         outstanding = 0
 
         def deliver(p: Pending) -> None:
-            live.discard(p)
-            slots.release()
+            held[0] -= live.pop(p, 0)
+            room.set()
             body, failure = self._finish(p)
             if failure is not None:
                 self.count("ModelStreamInfer", failure.code)
@@ -721,13 +726,17 @@ class GrpcFrontend:
             nonlocal outstanding
             try:
                 async for req in requests:
-                    await slots.acquire()
+                    size = 0 if isinstance(req, _Malformed) else req.ByteSize()
+                    while live and (len(live) >= STREAM_MAX_INFLIGHT or held[0] + size > STREAM_MAX_BYTES):
+                        room.clear()
+                        await room.wait()
                     outstanding += 1
                     self.state.inflight += 1
                     try:
-                        live.add(self._submit(req, deliver, time.perf_counter()))
+                        # deliver runs later on this loop, never inside _submit: account first.
+                        live[self._submit(req, deliver, time.perf_counter())] = size
+                        held[0] += size
                     except RpcFailure as exc:
-                        slots.release()
                         self.count("ModelStreamInfer", exc.code)
                         answers.put_nowait(pb.ModelStreamInferResponse(error_message=str(exc)).SerializeToString())
             finally:
