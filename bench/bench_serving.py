@@ -240,11 +240,51 @@ asyncio.run(main())
 '''
 
 
-def start_canned(classes: int, work: Path) -> tuple[Proc, str]:
+CANNED_GRPC_SERVER = r'''
+import asyncio, sys
+import grpc
+from cuvil_edge.daemon.proto import grpc_service_pb2 as pb
+
+classes, port = int(sys.argv[1]), int(sys.argv[2])
+resp = pb.ModelInferResponse(model_name="m", model_version="1")
+resp.outputs.add(name="logits", datatype="FP32", shape=[1, classes])
+resp.raw_output_contents.append(bytes(4 * classes))
+blob = resp.SerializeToString()
+
+
+async def infer(request, context):
+    return blob
+
+
+class Handlers(grpc.GenericRpcHandler):
+    def service(self, details):
+        if details.method == "/inference.GRPCInferenceService/ModelInfer":
+            return grpc.unary_unary_rpc_method_handler(
+                infer, request_deserializer=pb.ModelInferRequest.FromString, response_serializer=lambda b: b)
+        return None
+
+
+async def main():
+    server = grpc.aio.server()
+    server.add_generic_rpc_handlers((Handlers(),))
+    server.add_insecure_port(f"127.0.0.1:{port}")
+    await server.start()
+    print("ready", flush=True)
+    await server.wait_for_termination()
+
+asyncio.run(main())
+'''
+
+
+def start_canned(classes: int, work: Path, protocol: str = "http") -> tuple[Proc, str]:
+    """A server that answers every infer with the same bytes: the floor of the client plus
+    ``protocol`` (``http``: asyncio + httptools; ``grpc``: grpc.aio, as cuvil-edged uses)."""
     port = _free_port()
-    script = work / "canned.py"
-    script.write_text(CANNED_SERVER)
-    p = Proc([sys.executable, str(script), str(classes), str(port)], work / f"canned-{port}.log")
+    script = work / f"canned-{protocol}.py"
+    script.write_text(CANNED_GRPC_SERVER if protocol == "grpc" else CANNED_SERVER)
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(ROOT) + ":" + env.get("PYTHONPATH", "")
+    p = Proc([sys.executable, str(script), str(classes), str(port)], work / f"canned-{port}.log", env)
     deadline = time.monotonic() + 30
     while "ready" not in p.log_path.read_text() and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -512,6 +552,16 @@ def main(argv: list[str] | None = None) -> int:
             floor.pop("_lat")
             entry["canned_http_floor"] = floor
             canned.stop()
+            if "grpc" in protocols:
+                canned, canned_url = start_canned(m["classes"], work, "grpc")
+                procs.append(canned)
+                cpu0 = tree_cpu_s(canned.proc.pid)
+                floor = run_load(canned_url, m["name"], x, 1, min(duration, 3.0), warm, "grpc")
+                floor.pop("_lat")
+                floor["server_cpu_ms_per_request"] = round(
+                    1e3 * (tree_cpu_s(canned.proc.pid) - cpu0) / max(1, floor["requests"] + warm), 4)
+                entry["canned_grpc_floor"] = floor
+                canned.stop()
             targets: list[tuple[Any, ...]] = []
             if "http" in protocols:
                 targets.append(("cuvil-edged", cuvil_url, cuvil))
@@ -572,6 +622,8 @@ def main(argv: list[str] | None = None) -> int:
 def _finish_entry(entry: dict[str, Any]) -> dict[str, Any]:
     """Add the p50 overheads over in-process ONNX Runtime at 1 client, per server and protocol."""
     ov: dict[str, Any] = {"canned_http_floor": round(entry["canned_http_floor"]["p50_ms"], 4)}
+    if "canned_grpc_floor" in entry:
+        ov["canned_grpc_floor"] = round(entry["canned_grpc_floor"]["p50_ms"], 4)
     for r in entry["runs"]:
         if r["concurrency"] == 1:
             name = "triton" if r["server"].startswith("triton") else "cuvil-edged"
