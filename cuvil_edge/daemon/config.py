@@ -54,6 +54,7 @@ class Config:
     grpc_max_message_mb: float | None = None
     grpc_max_streams: int = 100
     grpc_max_rpcs: int = 256
+    shared_memory: bool = True
     token: str | None = None
     token_file: Path | None = None
     max_body_mb: float = 64.0
@@ -108,6 +109,8 @@ OPTIONS: dict[str, tuple[Any, str]] = {
     "grpc_max_message_mb": (float, "largest gRPC request message, MiB (default: --max-body-mb)"),
     "grpc_max_streams": (int, "HTTP/2 streams (calls) open at once per gRPC connection"),
     "grpc_max_rpcs": (int, "gRPC calls in progress at once; more get RESOURCE_EXHAUSTED"),
+    "shared_memory": (_bool, "serve Triton's system shared-memory extension (tensors in /dev/shm regions a "
+                      "local client registers); 0 refuses every region"),
     "token": (str, "require 'Authorization: Bearer <token>' on every endpoint but /v2/health/*"),
     "token_file": (Path, "read the bearer token from this file"),
     "max_body_mb": (float, "largest request body accepted, MiB (larger: 413)"),

@@ -101,7 +101,7 @@ class Server:
         self.resources = Resources(config)
         self.registry: ModelRegistry | None = None
         self.app: App | None = None
-        self.shm = SharedMemoryRegistry()
+        self.shm = SharedMemoryRegistry() if config.shared_memory else None
         self.grpc: Any = None  # GrpcFrontend when gRPC is on
         self.gpu_metrics: GpuMetrics | None = None  # Triton's nv_gpu_* series, with telemetry
         self._servers: list[asyncio.AbstractServer] = []
@@ -356,7 +356,8 @@ class Server:
         await self._close_listeners()
         if self.registry is not None:
             await self.registry.close_all()
-        self.shm.close()
+        if self.shm is not None:
+            self.shm.close()
         self.resources.close()
         self.state.stopped = True
         self.state.phase = "stopped"

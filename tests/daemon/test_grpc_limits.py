@@ -211,3 +211,13 @@ def test_sigterm_drains_grpc_calls_in_flight(store, daemon_factory, digits_data)
     assert "error" not in outcome, outcome
     assert outcome["logits"].shape == (1, 10)
     assert d.proc.wait(60) == 0
+
+
+def test_shared_memory_can_be_turned_off(store, daemon_factory):
+    d = daemon_factory(store, "--shared-memory", "0")
+    c = d.grpc_client()
+    with pytest.raises(InferenceServerException, match="system shared memory is not enabled"):
+        c.register_system_shared_memory("r", "/whatever", 16)
+    h = d.client()
+    with pytest.raises(InferenceServerException, match="system shared memory is not enabled"):
+        h.register_system_shared_memory("r", "/whatever", 16)
