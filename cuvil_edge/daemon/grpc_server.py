@@ -616,10 +616,10 @@ class GrpcFrontend:
 
     @staticmethod
     def _encoder(inst: ModelInstance, out_list: list[tuple[str, int, OutputTarget | None]],
-                 rid: str) -> Callable[[Pending], bytes]:
+                 rid: str) -> Callable[[Pending], bytes | RpcFailure]:
         name, version = inst.name, inst.version
 
-        def encode(p: Pending) -> bytes:  # worker thread
+        def encode(p: Pending) -> bytes | RpcFailure:  # worker thread
             result = p.result
             assert result is not None
             resp = pb.ModelInferResponse(model_name=name, model_version=version, id=rid)
@@ -635,7 +635,10 @@ class GrpcFrontend:
                     out.shape.extend(arr.shape)
                     blob = np.ascontiguousarray(arr).tobytes()
                 if target is not None:
-                    SharedMemoryRegistry.write(target, blob, f"output '{oname}'")
+                    try:
+                        SharedMemoryRegistry.write(target, blob, f"output '{oname}'")
+                    except SharedMemoryError as exc:  # the client's region is too small: its error
+                        return RpcFailure(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
                     out.parameters["shared_memory_region"].string_param = target.region.name
                     out.parameters["shared_memory_byte_size"].int64_param = len(blob)
                     if target.offset:
@@ -659,6 +662,9 @@ class GrpcFrontend:
             inst.stats.record_request(False, elapsed)
             status, message = p.error or (500, "the request was dropped without an answer")
             return None, RpcFailure(_HTTP_TO_GRPC.get(status, grpc.StatusCode.INTERNAL), message)
+        if isinstance(p.body, RpcFailure):
+            inst.stats.record_request(False, elapsed)
+            return None, p.body
         inst.stats.record_request(True, elapsed)
         return p.body, None
 

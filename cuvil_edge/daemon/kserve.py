@@ -632,7 +632,10 @@ class App:
                     else:
                         entry["data"] = arr.ravel().tolist()
                 if target is not None:
-                    _to_shared_memory(entry, blobs, target, strings if cls else arr)
+                    try:
+                        _to_shared_memory(entry, blobs, target, strings if cls else arr)
+                    except SharedMemoryError as exc:  # the client's region is too small: its error
+                        return exc.status, json_error(str(exc)), _JSON, None
                 outs.append(entry)
             doc: dict[str, Any] = {"model_name": name, "model_version": version, "outputs": outs}
             if rid is not None:

@@ -208,8 +208,11 @@ class TestSystemSharedMemory:
             with pytest.raises(InferenceServerException, match="exceeds the .* bytes of region"):
                 client.infer("digits", [past])
             small = client.make_output("logits", shm=(f"out-{tag}", 0, 40))
-            with pytest.raises(InferenceServerException, match="shared_memory_byte_size is 40"):
+            with pytest.raises(InferenceServerException, match="shared_memory_byte_size is 40") as too_small:
                 client.infer("digits", [inp], outputs=[small])
+            # The client's error, not the server's (a stream's error_message carries no status).
+            assert too_small.value.status() in ("400", "StatusCode.INVALID_ARGUMENT", None)
+            assert client.kind == "grpc-stream" or too_small.value.status() is not None
             with pytest.raises(InferenceServerException, match="already registered"):
                 client.shm_register(f"in-{tag}", in_key, 16)
             client.shm_unregister(f"in-{tag}")
