@@ -110,11 +110,6 @@ def _require(board: str, raw: dict[str, Any], key: str, kind: type) -> Any:
     return value
 
 
-# Optional board fields, kept in Target.extra: power_budget_w = the module's power budget in its
-# highest power mode (the daemon reports it as Triton's nv_gpu_power_limit).
-_OPTIONAL = ("power_budget_w",)
-
-
 def _parse(data: dict[str, Any]) -> dict[str, Target]:
     releases: dict[str, JetPackRelease] = {}
     for jp, raw in data.get("jetpack", {}).items():
@@ -150,7 +145,6 @@ def _parse(data: dict[str, Any]) -> dict[str, Target]:
             dla_cores=_require(name, raw, "dla_cores", int),
             releases=tuple(jps),
             source=_require(name, raw, "source", str),
-            extra={k: raw[k] for k in _OPTIONAL if k in raw},
         )
     return targets
 

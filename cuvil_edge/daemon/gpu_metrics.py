@@ -7,8 +7,8 @@ samples (tegrastats, jtop, sysfs, replay, sim) with Triton's names, units and la
     nv_gpu_memory_total_bytes{gpu_uuid}   the board's RAM: CPU and GPU share it (unified memory)
     nv_gpu_memory_used_bytes{gpu_uuid}    RAM in use by everything on the board, CPU and GPU alike
     nv_gpu_power_usage{gpu_uuid}          the GPU power rail, watts (see RAIL_PREFERENCE)
-    nv_gpu_power_limit{gpu_uuid}          the module's power budget in its highest power mode, watts
-                                          (board profile ``power_budget_w``; absent without --board)
+    nv_gpu_power_limit{gpu_uuid}          the module's power in its highest power mode, watts (the board
+                                          profile's power figures; absent without --board or figures)
     nv_energy_consumption{gpu_uuid}       joules since the daemon started: the integral of the GPU
                                           rail's power over time (trapezoids between samples)
 
@@ -27,7 +27,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-__all__ = ["RAIL_PREFERENCE", "GpuMetrics", "gpu_rail", "gpu_uuid"]
+__all__ = ["RAIL_PREFERENCE", "GpuMetrics", "gpu_rail", "gpu_uuid", "power_limit_w"]
 
 # The rail whose power is "the GPU's", most specific first; then any rail naming the GPU
 # (VDD_CPU_GPU_CV on Orin NX/Nano powers CPU, GPU and CV engines together).
@@ -45,6 +45,17 @@ def gpu_rail(rails: dict[str, Any]) -> str | None:
         if "GPU" in name.upper():
             return name
     return None
+
+
+def power_limit_w(target: Any) -> float | None:
+    """The power limit to report for a board profile: its highest power mode, watts, or None.
+
+    Read from the profile's clock and power figures (``clocks_power.max_mw`` in targets.toml, the
+    data sheets' power-mode tables) when the profile carries them.
+    """
+    figures = getattr(target, "figures", None)
+    max_mw = getattr(figures, "max_mw", None)
+    return None if max_mw is None else float(max_mw) / 1000.0
 
 
 def gpu_uuid(board: str | None, machine_id_path: Path = Path("/etc/machine-id")) -> str:

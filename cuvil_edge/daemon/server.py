@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from cuvil_edge.daemon.config import Config
-from cuvil_edge.daemon.gpu_metrics import GpuMetrics
+from cuvil_edge.daemon.gpu_metrics import GpuMetrics, power_limit_w
 from cuvil_edge.daemon.http import HttpProtocol
 from cuvil_edge.daemon.kserve import App
 from cuvil_edge.daemon.metrics import render_prometheus
@@ -215,9 +215,7 @@ class Server:
         monitor = self.resources.monitor
         if monitor is None:
             return
-        target = self.resources.target
-        budget = target.extra.get("power_budget_w") if target is not None else None
-        self.gpu_metrics = GpuMetrics(self.config.board, budget)
+        self.gpu_metrics = GpuMetrics(self.config.board, power_limit_w(self.resources.target))
         if monitor.latest is not None:
             self.gpu_metrics.update(monitor.latest)
         monitor.subscribe(self.gpu_metrics.update)

@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from cuvil_edge.daemon.gpu_metrics import GpuMetrics, gpu_rail, gpu_uuid
+from cuvil_edge.daemon.gpu_metrics import GpuMetrics, gpu_rail, gpu_uuid, power_limit_w
+from cuvil_edge.targets import get_target
 from cuvil_edge.telemetry import load_log
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "tegrastats"
@@ -68,6 +69,17 @@ class TestGpuMetrics:
         assert g["nv_gpu_utilization"][1][0][1] is None  # rendered as absent
         assert "nv_gpu_power_usage" not in g and "nv_gpu_power_limit" not in g
 
+    def test_power_limit_comes_from_the_board_figures(self):
+        class Figures:
+            max_mw = 25000
+
+        class Board:
+            figures = Figures()
+
+        assert power_limit_w(Board()) == 25.0
+        assert power_limit_w(None) is None
+        assert power_limit_w(object()) is None  # a profile without power figures: absent
+
     def test_uuid_is_stable_and_shaped_like_nvml(self, tmp_path):
         mid = tmp_path / "machine-id"
         mid.write_text("0123456789abcdef0123456789abcdef\n")
@@ -97,6 +109,8 @@ def test_prometheus_scrape_of_a_replayed_orin_log(store, daemon_factory):
     uuid_label = None
     for name in ("nv_gpu_utilization", "nv_gpu_memory_total_bytes", "nv_gpu_memory_used_bytes",
                  "nv_gpu_power_usage", "nv_gpu_power_limit", "nv_energy_consumption"):
+        if name == "nv_gpu_power_limit" and name not in families:
+            continue  # checked below
         assert name in families, f"{name} missing from /metrics"
         samples = families[name].samples
         assert len(samples) == 1 and set(samples[0].labels) == {"gpu_uuid"}, samples
@@ -113,7 +127,12 @@ def test_prometheus_scrape_of_a_replayed_orin_log(store, daemon_factory):
     assert 0 < value("nv_gpu_memory_used_bytes") <= value("nv_gpu_memory_total_bytes")
     rail_watts = {s.power_mw["VDD_GPU_SOC"]["cur"] / 1000 for s in recorded if "VDD_GPU_SOC" in s.power_mw}
     assert value("nv_gpu_power_usage") in rail_watts  # 2.3 to 4.9 W on the recorded AGX Orin
-    assert value("nv_gpu_power_limit") == 40.0  # AGX Orin 32GB: MAXN 40 W
+    # The limit is the board profile's highest power mode, where the profile carries power figures.
+    figures = getattr(get_target("agx-orin-32gb"), "figures", None)
+    if figures is not None:
+        assert value("nv_gpu_power_limit") == figures.max_mw / 1000  # AGX Orin 32GB: MAXN 40 W
+    else:
+        assert "nv_gpu_power_limit" not in families  # absent, never a made-up figure
     assert families["nv_energy_consumption"].type == "counter"  # as Triton's
     energy = value("nv_energy_consumption")
     # Joules: at most the highest recorded rail power over the time the daemon has run.
