@@ -13,7 +13,9 @@ Servers (each a subprocess on loopback, each running ONNX Runtime on the CPU):
 * in-process ONNX Runtime, the baseline of the per-request overhead.
 
 Load: ``tritonclient.http`` clients, one per thread, each sending batch-1 requests with binary
-tensors back to back for a fixed time after a warm-up. Servers being compared run in turns
+tensors back to back for a fixed time after a warm-up; with ``--protocols http,grpc`` (the
+default) the same again with ``tritonclient.grpc`` clients (tensors in ``raw_input_contents``)
+against cuvil-edged's and Triton's gRPC ports, interleaved in the same rounds as HTTP. Servers being compared run in turns
 (A B A B A B, 3 rounds) and each one's rounds are merged, so the machine's drifting background
 load falls on all of them alike. Models: the digits CNN (tiny) and
 EfficientNet-Lite0. Measured: requests/s, p50, p99 at 1 and 8 clients; overhead over
@@ -170,14 +172,16 @@ def wait_model_ready(url: str, model: str, proc: Proc, timeout: float = 180.0) -
     raise RuntimeError(f"{model} not ready at {url}: {proc.log_path.read_text(errors='replace')[-3000:]}")
 
 
-def start_cuvil(store: Path, work: Path, *args: str) -> tuple[Proc, str]:
-    port = _free_port()
+def start_cuvil(store: Path, work: Path, *args: str) -> tuple[Proc, str, str]:
+    """The daemon on free loopback ports: (process, HTTP host:port, gRPC host:port)."""
+    port, grpc_port = _free_port(), _free_port()
     p = Proc([sys.executable, "-m", "cuvil_edge.daemon.main", "--store", str(store), "--port", str(port),
-              "--log-level", "warning", *args], work / f"cuvil-{port}.log")
-    return p, f"127.0.0.1:{port}"
+              "--grpc-port", str(grpc_port), "--log-level", "warning", *args], work / f"cuvil-{port}.log")
+    return p, f"127.0.0.1:{port}", f"127.0.0.1:{grpc_port}"
 
 
-def start_triton(repo: Path, work: Path) -> tuple[Proc, str]:
+def start_triton(repo: Path, work: Path) -> tuple[Proc, str, str]:
+    """tritonserver on free loopback ports: (process, HTTP host:port, gRPC host:port)."""
     import pytriton
 
     tdir = Path(pytriton.__file__).parent / "tritonserver"
@@ -193,11 +197,11 @@ def start_triton(repo: Path, work: Path) -> tuple[Proc, str]:
     libs = [str(Path(sys.base_prefix) / "lib"), str(Path(pytriton.__file__).parents[1] / "nvidia_pytriton.libs")]
     env["LD_LIBRARY_PATH"] = ":".join(libs + [env.get("LD_LIBRARY_PATH", "")])
     env["PATH"] = str(Path(sys.executable).parent) + ":" + env.get("PATH", "")
-    port = _free_port()
+    port, grpc_port = _free_port(), _free_port()
     cmd = [str(tdir / "bin" / "tritonserver"), f"--model-repository={repo}", f"--backend-directory={backends}",
-           "--http-address=127.0.0.1", f"--http-port={port}", "--allow-grpc=false", "--allow-metrics=false",
-           "--exit-timeout-secs=3", "--log-verbose=0"]
-    return Proc(cmd, work / f"triton-{port}.log", env), f"127.0.0.1:{port}"
+           "--http-address=127.0.0.1", f"--http-port={port}", "--allow-grpc=true", "--grpc-address=127.0.0.1",
+           f"--grpc-port={grpc_port}", "--allow-metrics=false", "--exit-timeout-secs=3", "--log-verbose=0"]
+    return Proc(cmd, work / f"triton-{port}.log", env), f"127.0.0.1:{port}", f"127.0.0.1:{grpc_port}"
 
 
 CANNED_SERVER = r'''
@@ -236,11 +240,51 @@ asyncio.run(main())
 '''
 
 
-def start_canned(classes: int, work: Path) -> tuple[Proc, str]:
+CANNED_GRPC_SERVER = r'''
+import asyncio, sys
+import grpc
+from cuvil_edge.daemon.proto import grpc_service_pb2 as pb
+
+classes, port = int(sys.argv[1]), int(sys.argv[2])
+resp = pb.ModelInferResponse(model_name="m", model_version="1")
+resp.outputs.add(name="logits", datatype="FP32", shape=[1, classes])
+resp.raw_output_contents.append(bytes(4 * classes))
+blob = resp.SerializeToString()
+
+
+async def infer(request, context):
+    return blob
+
+
+class Handlers(grpc.GenericRpcHandler):
+    def service(self, details):
+        if details.method == "/inference.GRPCInferenceService/ModelInfer":
+            return grpc.unary_unary_rpc_method_handler(
+                infer, request_deserializer=pb.ModelInferRequest.FromString, response_serializer=lambda b: b)
+        return None
+
+
+async def main():
+    server = grpc.aio.server()
+    server.add_generic_rpc_handlers((Handlers(),))
+    server.add_insecure_port(f"127.0.0.1:{port}")
+    await server.start()
+    print("ready", flush=True)
+    await server.wait_for_termination()
+
+asyncio.run(main())
+'''
+
+
+def start_canned(classes: int, work: Path, protocol: str = "http") -> tuple[Proc, str]:
+    """A server that answers every infer with the same bytes: the floor of the client plus
+    ``protocol`` (``http``: asyncio + httptools; ``grpc``: grpc.aio, as cuvil-edged uses)."""
     port = _free_port()
-    script = work / "canned.py"
-    script.write_text(CANNED_SERVER)
-    p = Proc([sys.executable, str(script), str(classes), str(port)], work / f"canned-{port}.log")
+    script = work / f"canned-{protocol}.py"
+    script.write_text(CANNED_GRPC_SERVER if protocol == "grpc" else CANNED_SERVER)
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(ROOT) + ":" + env.get("PYTHONPATH", "")
+    p = Proc([sys.executable, str(script), str(classes), str(port)], work / f"canned-{port}.log", env)
     deadline = time.monotonic() + 30
     while "ready" not in p.log_path.read_text() and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -250,9 +294,22 @@ def start_canned(classes: int, work: Path) -> tuple[Proc, str]:
 # ---------------------------------------------------------------------------- load
 
 def run_load(url: str, model: str, x: np.ndarray, concurrency: int, duration: float,
-             warmup: int) -> dict[str, Any]:
-    """Closed-loop load: ``concurrency`` threads, each its own client, batch-1 binary requests."""
-    import tritonclient.http as httpclient
+             warmup: int, protocol: str = "http") -> dict[str, Any]:
+    """Closed-loop load: ``concurrency`` threads, each its own client, batch-1 binary requests.
+
+    ``protocol`` picks the stock client: ``http`` (tritonclient.http, binary tensors) or ``grpc``
+    (tritonclient.grpc, raw contents).
+    """
+    if protocol == "grpc":
+        import tritonclient.grpc as client_mod
+
+        def make_client() -> Any:
+            return client_mod.InferenceServerClient(url)
+    else:
+        import tritonclient.http as client_mod
+
+        def make_client() -> Any:
+            return client_mod.InferenceServerClient(url, connection_timeout=120, network_timeout=120)
 
     latencies: list[list[float]] = [[] for _ in range(concurrency)]
     errors: list[str] = []
@@ -261,9 +318,12 @@ def run_load(url: str, model: str, x: np.ndarray, concurrency: int, duration: fl
     stop_at = [0.0]
 
     def worker(i: int) -> None:
-        c = httpclient.InferenceServerClient(url, connection_timeout=120, network_timeout=120)
-        inp = httpclient.InferInput("input", list(x.shape), "FP32")
-        inp.set_data_from_numpy(x, binary_data=True)
+        c = make_client()
+        inp = client_mod.InferInput("input", list(x.shape), "FP32")
+        if protocol == "grpc":
+            inp.set_data_from_numpy(x)
+        else:
+            inp.set_data_from_numpy(x, binary_data=True)
         try:
             for _ in range(warmup):
                 c.infer(model, [inp])
@@ -334,20 +394,26 @@ def tree_cpu_s(pid: int) -> float:
     return total
 
 
-def interleaved(targets: list[tuple[str, str, Proc]], model: str, x: np.ndarray, concurrency: int,
+def interleaved(targets: list[tuple[Any, ...]], model: str, x: np.ndarray, concurrency: int,
                 duration: float, warmup: int, rounds: int) -> dict[str, dict[str, Any]]:
     """Run each target ``rounds`` times in turn (A B A B ...), so drifting background load hits all
-    alike; merge each target's rounds (all latencies, total requests over total time)."""
-    parts: dict[str, list[dict[str, Any]]] = {label: [] for label, _, _ in targets}
+    alike; merge each target's rounds (all latencies, total requests over total time).
+
+    A target is ``(label, url, proc)`` for HTTP or ``(label, url, proc, protocol, http_url)``:
+    load goes to ``url`` over ``protocol``, statistics are read over HTTP from ``http_url``.
+    """
+    parts: dict[str, list[dict[str, Any]]] = {t[0]: [] for t in targets}
     for rnd in range(rounds):
-        for label, url, _proc in targets:
+        for target in targets:
+            label, url, _proc = target[:3]
+            protocol, stats_url = (target[3], target[4]) if len(target) > 3 else ("http", url)
             if rnd == 0 and warmup:
-                run_load(url, model, x, concurrency, 0.0, warmup)
-            before = server_stats(url, model)
+                run_load(url, model, x, concurrency, 0.0, warmup, protocol)
+            before = server_stats(stats_url, model)
             cpu0 = tree_cpu_s(_proc.proc.pid)
-            r = run_load(url, model, x, concurrency, duration / rounds, 0)
+            r = run_load(url, model, x, concurrency, duration / rounds, 0, protocol)
             r["_cpu"] = tree_cpu_s(_proc.proc.pid) - cpu0
-            after = server_stats(url, model)
+            after = server_stats(stats_url, model)
             r["_execs"] = after["execution_count"] - before["execution_count"]
             r["_infs"] = after["inference_count"] - before["inference_count"]
             parts[label].append(r)
@@ -359,6 +425,7 @@ def interleaved(targets: list[tuple[str, str, Proc]], model: str, x: np.ndarray,
         execs, infs = sum(r["_execs"] for r in runs), sum(r["_infs"] for r in runs)
         merged["mean_batch"] = round(infs / execs, 3) if execs else None
         merged["rounds_rps"] = [r["throughput_rps"] for r in runs]
+        merged["protocol"] = next((t[3] for t in targets if t[0] == label and len(t) > 3), "http")
         # Server CPU per request (all its processes): robust to the machine's other load.
         merged["server_cpu_ms_per_request"] = round(1e3 * sum(r["_cpu"] for r in runs) / max(1, merged["requests"]), 4)
         out[label] = merged
@@ -421,9 +488,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-triton", action="store_true", help="skip Triton (when nvidia-pytriton is missing)")
     ap.add_argument("--rounds", type=int, default=None, help="interleaved rounds per comparison (default 3)")
     ap.add_argument("--daemon-args", default="", help="extra cuvil-edged arguments for every daemon, e.g. '--spin 1'")
+    ap.add_argument("--protocols", default="http,grpc", help="comma list: http, grpc (both servers, same rounds)")
+    ap.add_argument("--no-batching", action="store_true", help="skip the x16 dynamic batching comparison")
     ap.add_argument("--out", type=Path, default=RESULTS / "serving.json")
     args = ap.parse_args(argv)
     which = [m for m in args.models.split(",") if m]
+    protocols = [p for p in args.protocols.split(",") if p]
+    if not protocols or set(protocols) - {"http", "grpc"}:
+        ap.error(f"--protocols {args.protocols!r}: use http, grpc or both")
     tiny_s = args.duration or (1.5 if args.quick else 5.0)
     effnet_s = tiny_s * (1.0 if args.quick else 2.0)
     rounds = args.rounds or (1 if args.quick else 3)
@@ -437,7 +509,9 @@ def main(argv: list[str] | None = None) -> int:
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "machine": {"cpu": _cpu_name(), "cores": os.cpu_count(), "python": platform.python_version(),
                     "platform": platform.platform(), "load_average_at_start": list(os.getloadavg())},
-        "method": ("closed loop; N threads in one client process, each its own tritonclient.http client, "
+        "protocols": protocols,
+        "method": ("closed loop; N threads in one client process, each its own tritonclient.http (or "
+                   "tritonclient.grpc) client, "
                    "batch-1 requests with binary tensors, back to back; warm-up excluded; servers on "
                    f"127.0.0.1 sharing the machine's cores with the client; {rounds} interleaved rounds "
                    "per comparison, merged"),
@@ -448,23 +522,26 @@ def main(argv: list[str] | None = None) -> int:
     procs: list[Proc] = []
     try:
         extra = shlex.split(args.daemon_args)
-        cuvil, cuvil_url = start_cuvil(store, work, *extra)
+        cuvil, cuvil_url, cuvil_grpc = start_cuvil(store, work, *extra)
         procs.append(cuvil)
-        nobatch, nobatch_url = start_cuvil(store_nobatch, work, *extra)
-        procs.append(nobatch)
-        fixed, fixed_url = start_cuvil(store, work, "--batch-autotune", "0", *extra)
-        procs.append(fixed)
-        triton = triton_url = None
+        nobatch = fixed = None
+        if not args.no_batching:
+            nobatch, nobatch_url, _ = start_cuvil(store_nobatch, work, *extra)
+            procs.append(nobatch)
+            fixed, fixed_url, _ = start_cuvil(store, work, "--batch-autotune", "0", *extra)
+            procs.append(fixed)
+        triton = triton_url = triton_grpc = None
         if not args.no_triton:
-            triton, triton_url = start_triton(repo, work)
+            triton, triton_url, triton_grpc = start_triton(repo, work)
             procs.append(triton)
         for key, m in models.items():
             duration = tiny_s if key == "tiny" else effnet_s
             warm = 50 if key == "tiny" else 5
             x = np.random.default_rng(0).random((1, *m["shape"]), dtype=np.float32)
             wait_model_ready(cuvil_url, m["name"], cuvil)
-            wait_model_ready(nobatch_url, m["name"], nobatch)
-            wait_model_ready(fixed_url, m["name"], fixed)
+            if nobatch is not None and fixed is not None:
+                wait_model_ready(nobatch_url, m["name"], nobatch)
+                wait_model_ready(fixed_url, m["name"], fixed)
             if triton is not None:
                 wait_model_ready(triton_url, m["name"], triton)
             entry: dict[str, Any] = {"model": m["name"], "input_shape": [1, *m["shape"]], "runs": []}
@@ -475,9 +552,25 @@ def main(argv: list[str] | None = None) -> int:
             floor.pop("_lat")
             entry["canned_http_floor"] = floor
             canned.stop()
-            targets = [("cuvil-edged", cuvil_url, cuvil)]
-            if triton is not None:
-                targets.append(("triton-2.51-python-backend", triton_url, triton))
+            if "grpc" in protocols:
+                canned, canned_url = start_canned(m["classes"], work, "grpc")
+                procs.append(canned)
+                cpu0 = tree_cpu_s(canned.proc.pid)
+                floor = run_load(canned_url, m["name"], x, 1, min(duration, 3.0), warm, "grpc")
+                floor.pop("_lat")
+                floor["server_cpu_ms_per_request"] = round(
+                    1e3 * (tree_cpu_s(canned.proc.pid) - cpu0) / max(1, floor["requests"] + warm), 4)
+                entry["canned_grpc_floor"] = floor
+                canned.stop()
+            targets: list[tuple[Any, ...]] = []
+            if "http" in protocols:
+                targets.append(("cuvil-edged", cuvil_url, cuvil))
+                if triton is not None:
+                    targets.append(("triton-2.51-python-backend", triton_url, triton))
+            if "grpc" in protocols:
+                targets.append(("cuvil-edged-grpc", cuvil_grpc, cuvil, "grpc", cuvil_url))
+                if triton is not None:
+                    targets.append(("triton-2.51-python-backend-grpc", triton_grpc, triton, "grpc", triton_url))
             for conc in (1, 8):
                 print(f"[{key}] x{conc}: {', '.join(t[0] for t in targets)} ...", flush=True)
                 merged = interleaved(targets, m["name"], x, conc, 2 * duration, warm, rounds)
@@ -489,6 +582,9 @@ def main(argv: list[str] | None = None) -> int:
                           flush=True)
             # Dynamic batching gain at 16 clients: the same daemon with max batch 1, with its default
             # (batch cap tuned at warm-up) and with the cap pinned at the manifest's 8.
+            if nobatch is None or fixed is None:
+                results["models"][key] = _finish_entry(entry)
+                continue
             merged = interleaved([("batching_off", nobatch_url, nobatch), ("batching_on", cuvil_url, cuvil),
                                   ("batching_max8_untuned", fixed_url, fixed)],
                                  m["name"], x, 16, 2 * duration, max(2, warm // 4), rounds)
@@ -506,16 +602,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"{merged['batching_max8_untuned']['throughput_rps']} req/s (mean batch "
                   f"{merged['batching_max8_untuned']['mean_batch']})", flush=True)
             entry["batching_x16"] = gain
-            c1 = next(r for r in entry["runs"] if r["server"] == "cuvil-edged" and r["concurrency"] == 1)
-            entry["overhead_ms_p50_vs_inprocess_ort"] = {
-                "cuvil-edged": round(c1["p50_ms"] - entry["inprocess_ort"]["p50_ms"], 4),
-                "canned_http_floor": round(entry["canned_http_floor"]["p50_ms"], 4),
-            }
-            t1 = next((r for r in entry["runs"] if r["server"].startswith("triton") and r["concurrency"] == 1), None)
-            if t1 is not None:
-                entry["overhead_ms_p50_vs_inprocess_ort"]["triton"] = round(
-                    t1["p50_ms"] - entry["inprocess_ort"]["p50_ms"], 4)
-            results["models"][key] = entry
+            results["models"][key] = _finish_entry(entry)
     finally:
         for p in procs:
             p.stop()
@@ -532,27 +619,47 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def _finish_entry(entry: dict[str, Any]) -> dict[str, Any]:
+    """Add the p50 overheads over in-process ONNX Runtime at 1 client, per server and protocol."""
+    ov: dict[str, Any] = {"canned_http_floor": round(entry["canned_http_floor"]["p50_ms"], 4)}
+    if "canned_grpc_floor" in entry:
+        ov["canned_grpc_floor"] = round(entry["canned_grpc_floor"]["p50_ms"], 4)
+    for r in entry["runs"]:
+        if r["concurrency"] == 1:
+            name = "triton" if r["server"].startswith("triton") else "cuvil-edged"
+            name += "-grpc" if r.get("protocol") == "grpc" else ""
+            ov[name] = round(r["p50_ms"] - entry["inprocess_ort"]["p50_ms"], 4)
+    entry["overhead_ms_p50_vs_inprocess_ort"] = ov
+    return entry
+
+
 def _goals(results: dict[str, Any]) -> dict[str, Any]:
     goals: dict[str, Any] = {}
     for key, e in results["models"].items():
         for conc in (1, 8):
-            ours = next((r for r in e["runs"] if r["server"] == "cuvil-edged" and r["concurrency"] == conc), None)
-            theirs = next((r for r in e["runs"] if r["server"].startswith("triton") and r["concurrency"] == conc),
-                          None)
-            if ours and theirs:
-                goals[f"{key}_x{conc}_throughput_ratio_vs_triton"] = round(
-                    ours["throughput_rps"] / theirs["throughput_rps"], 3)
-                goals[f"{key}_x{conc}_p99_ratio_vs_triton"] = round(ours["p99_ms"] / theirs["p99_ms"], 3)
-                goals[f"{key}_x{conc}_met"] = (ours["throughput_rps"] >= theirs["throughput_rps"]
-                                              and ours["p99_ms"] <= theirs["p99_ms"])
-                goals[f"{key}_x{conc}_server_cpu_ms_per_request"] = {
-                    "cuvil-edged": ours["server_cpu_ms_per_request"], "triton": theirs["server_cpu_ms_per_request"]}
-        if key == "tiny":
-            ov = e["overhead_ms_p50_vs_inprocess_ort"]["cuvil-edged"]
-            goals["tiny_overhead_p50_ms"] = ov
-            goals["tiny_overhead_under_0.5ms"] = ov < 0.5
-        goals[f"{key}_batching_gain_x16"] = e["batching_x16"]["throughput_gain"]
-        goals[f"{key}_batching_gain_x16_max8_untuned"] = e["batching_x16"]["throughput_gain_max8_untuned"]
+            for proto, suffix in (("http", ""), ("grpc", "_grpc")):
+                ours = next((r for r in e["runs"] if not r["server"].startswith("triton")
+                             and r.get("protocol", "http") == proto and r["concurrency"] == conc), None)
+                theirs = next((r for r in e["runs"] if r["server"].startswith("triton")
+                               and r.get("protocol", "http") == proto and r["concurrency"] == conc), None)
+                if ours and theirs:
+                    goals[f"{key}_x{conc}{suffix}_throughput_ratio_vs_triton"] = round(
+                        ours["throughput_rps"] / theirs["throughput_rps"], 3)
+                    goals[f"{key}_x{conc}{suffix}_p99_ratio_vs_triton"] = round(ours["p99_ms"] / theirs["p99_ms"], 3)
+                    goals[f"{key}_x{conc}{suffix}_met"] = (ours["throughput_rps"] >= theirs["throughput_rps"]
+                                                           and ours["p99_ms"] <= theirs["p99_ms"])
+                    goals[f"{key}_x{conc}{suffix}_server_cpu_ms_per_request"] = {
+                        "cuvil-edged": ours["server_cpu_ms_per_request"],
+                        "triton": theirs["server_cpu_ms_per_request"]}
+        ov = e["overhead_ms_p50_vs_inprocess_ort"]
+        if key == "tiny" and "cuvil-edged" in ov:
+            goals["tiny_overhead_p50_ms"] = ov["cuvil-edged"]
+            goals["tiny_overhead_under_0.5ms"] = ov["cuvil-edged"] < 0.5
+        if key == "tiny" and "cuvil-edged-grpc" in ov:
+            goals["tiny_overhead_p50_ms_grpc"] = ov["cuvil-edged-grpc"]
+        if "batching_x16" in e:
+            goals[f"{key}_batching_gain_x16"] = e["batching_x16"]["throughput_gain"]
+            goals[f"{key}_batching_gain_x16_max8_untuned"] = e["batching_x16"]["throughput_gain_max8_untuned"]
     return goals
 
 
@@ -571,16 +678,20 @@ def _plot(results: dict[str, Any], path: Path) -> None:
         e = results["models"][key]
         labels, thr, p99, colors = [], [], [], []
         for r in e["runs"]:
-            labels.append(f"{'cuvil' if r['server'] == 'cuvil-edged' else 'triton'}\nx{r['concurrency']}")
+            ours = not r["server"].startswith("triton")
+            grpc_run = r.get("protocol") == "grpc"
+            labels.append(f"{'cuvil' if ours else 'triton'}{' gRPC' if grpc_run else ''}\nx{r['concurrency']}")
             thr.append(r["throughput_rps"])
             p99.append(r["p99_ms"])
-            colors.append("tab:green" if r["server"] == "cuvil-edged" else "tab:gray")
-        b = e["batching_x16"]
-        labels += ["cuvil x16\nno batch", f"cuvil x16\ncap {b.get('tuned_batch_cap')}", "cuvil x16\ncap 8"]
-        thr += [b["batching_off"]["throughput_rps"], b["batching_on"]["throughput_rps"],
-                b["batching_max8_untuned"]["throughput_rps"]]
-        p99 += [b["batching_off"]["p99_ms"], b["batching_on"]["p99_ms"], b["batching_max8_untuned"]["p99_ms"]]
-        colors += ["tab:olive", "tab:green", "tab:cyan"]
+            colors.append({(True, False): "tab:green", (False, False): "tab:gray", (True, True): "tab:blue",
+                           (False, True): "silver"}[(ours, grpc_run)])
+        b = e.get("batching_x16")
+        if b is not None:
+            labels += ["cuvil x16\nno batch", f"cuvil x16\ncap {b.get('tuned_batch_cap')}", "cuvil x16\ncap 8"]
+            thr += [b["batching_off"]["throughput_rps"], b["batching_on"]["throughput_rps"],
+                    b["batching_max8_untuned"]["throughput_rps"]]
+            p99 += [b["batching_off"]["p99_ms"], b["batching_on"]["p99_ms"], b["batching_max8_untuned"]["p99_ms"]]
+            colors += ["tab:olive", "tab:green", "tab:cyan"]
         axes[row][0].bar(labels, thr, color=colors)
         axes[row][0].set_title(f"{e['model']}: requests/s (higher is better)")
         axes[row][1].bar(labels, p99, color=colors)
@@ -606,7 +717,7 @@ def _cpu_name() -> str:
 
 def _versions() -> dict[str, str]:
     out = {}
-    for mod in ("onnxruntime", "tritonclient", "numpy"):
+    for mod in ("onnxruntime", "tritonclient", "numpy", "grpc"):
         try:
             out[mod] = __import__(mod).__version__
         except Exception:

@@ -48,6 +48,13 @@ class Config:
     host: str = "127.0.0.1"
     port: int = 8000
     uds: Path | None = None
+    grpc: bool = True
+    grpc_port: int | None = None
+    grpc_uds: Path | None = None
+    grpc_max_message_mb: float | None = None
+    grpc_max_streams: int = 100
+    grpc_max_rpcs: int = 256
+    shared_memory: bool = True
     token: str | None = None
     token_file: Path | None = None
     max_body_mb: float = 64.0
@@ -96,6 +103,14 @@ OPTIONS: dict[str, tuple[Any, str]] = {
     "host": (str, "address to listen on (loopback unless you mean it)"),
     "port": (int, "TCP port"),
     "uds": (Path, "listen on this Unix socket instead of TCP"),
+    "grpc": (_bool, "also serve KServe v2 gRPC (Triton's GRPCInferenceService); 0 turns it off"),
+    "grpc_port": (int, "gRPC TCP port on --host (default 8001, Triton's; a free one with --port 0)"),
+    "grpc_uds": (Path, "serve gRPC on this Unix socket instead (default with --uds: NAME-grpc.sock beside it)"),
+    "grpc_max_message_mb": (float, "largest gRPC request message, MiB (default: --max-body-mb)"),
+    "grpc_max_streams": (int, "HTTP/2 streams (calls) open at once per gRPC connection"),
+    "grpc_max_rpcs": (int, "gRPC calls in progress at once; more get RESOURCE_EXHAUSTED"),
+    "shared_memory": (_bool, "serve Triton's system shared-memory extension (tensors in /dev/shm regions a "
+                      "local client registers); 0 refuses every region"),
     "token": (str, "require 'Authorization: Bearer <token>' on every endpoint but /v2/health/*"),
     "token_file": (Path, "read the bearer token from this file"),
     "max_body_mb": (float, "largest request body accepted, MiB (larger: 413)"),
@@ -172,6 +187,12 @@ def load(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
             raise DaemonError(f"--token-file {cfg.token_file} is empty; put the token in it")
     if not 0 <= cfg.port <= 65535:
         raise DaemonError(f"--port {cfg.port}: use 0..65535")
+    if cfg.grpc_port is not None and not 0 <= cfg.grpc_port <= 65535:
+        raise DaemonError(f"--grpc-port {cfg.grpc_port}: use 0..65535")
+    if cfg.grpc_max_message_mb is not None and cfg.grpc_max_message_mb <= 0:
+        raise DaemonError(f"--grpc-max-message-mb {cfg.grpc_max_message_mb}: must be positive")
+    if cfg.grpc_max_streams < 1 or cfg.grpc_max_rpcs < 1:
+        raise DaemonError("--grpc-max-streams and --grpc-max-rpcs must be at least 1")
     if cfg.max_body_mb <= 0:
         raise DaemonError(f"--max-body-mb {cfg.max_body_mb}: must be positive")
     if cfg.device not in ("auto", "cpu", "gpu"):

@@ -41,15 +41,17 @@ from cuvil_edge.daemon.batcher import Pending
 from cuvil_edge.daemon.http import Request, json_error
 from cuvil_edge.daemon.models import ModelInstance, ModelRegistry, UnknownModel
 from cuvil_edge.daemon.pipeline import IMAGE_INPUT
+from cuvil_edge.daemon.shm import OutputTarget, SharedMemoryError, SharedMemoryRegistry, shm_params, shm_route
 from cuvil_edge.errors import CuvilEdgeError, DaemonError
 from cuvil_edge.runtime.base import datatype_of
 
-__all__ = ["App", "BadRequest", "MemoryRefused", "decode_infer"]
+__all__ = ["EXTENSIONS", "App", "BadRequest", "MemoryRefused", "decode_infer", "model_config_doc",
+           "model_metadata_doc"]
 
 log = logging.getLogger("cuvil_edge.daemon.kserve")
 
-_EXTENSIONS = ["classification", "binary_tensor_data", "model_repository", "statistics",
-               "model_configuration", "system_shared_memory_disabled"]
+EXTENSIONS = ["classification", "binary_tensor_data", "model_repository", "statistics",
+              "model_configuration", "system_shared_memory"]
 _OCTET = b"application/octet-stream"
 _JSON = b"application/json"
 _TEXT = b"text/plain; version=0.0.4; charset=utf-8"
@@ -83,17 +85,28 @@ def _serialize_bytes(values: list[bytes]) -> bytes:
 
 
 def decode_infer(req_body: bytes, header_len: bytes | None, inst: ModelInstance,
-                 ) -> tuple[dict[str, Any], dict[str, np.ndarray], int, list[tuple[str, bool, int]] | None,
-                            bool]:
+                 shm: SharedMemoryRegistry | None = None,
+                 ) -> tuple[dict[str, Any], dict[str, np.ndarray], int,
+                            list[tuple[str, bool, int, OutputTarget | None]] | None, bool]:
     """Parse and check an infer request against the model.
 
     Returns:
-        (header dict, input arrays, batch size, requested outputs [(name, binary, class_count)] or
-        None for all, binary_data_output flag).
+        (header dict, input arrays, batch size, requested outputs [(name, binary, class_count,
+        shared-memory target or None)] or None for all, binary_data_output flag).
 
     Raises:
         BadRequest: with the message for the client.
     """
+    try:
+        return _decode_infer(req_body, header_len, inst, shm)
+    except SharedMemoryError as exc:
+        raise BadRequest(str(exc), exc.status) from None
+
+
+def _decode_infer(req_body: bytes, header_len: bytes | None, inst: ModelInstance,
+                  shm: SharedMemoryRegistry | None,
+                  ) -> tuple[dict[str, Any], dict[str, np.ndarray], int,
+                             list[tuple[str, bool, int, OutputTarget | None]] | None, bool]:
     body = req_body
     binary: memoryview | None = None
     if header_len is not None:
@@ -154,7 +167,12 @@ def decode_infer(req_body: bytes, header_len: bytes | None, inst: ModelInstance,
         if not isinstance(params, dict):
             raise BadRequest(f"input '{name}': 'parameters' must be an object")
         bsize = params.get("binary_data_size")
-        if bsize is not None:
+        region = shm_params(params, f"input '{name}'")
+        if region is not None:
+            if shm is None:
+                raise BadRequest("system shared memory is not enabled on this daemon")
+            arr = shm.input_array(region[0], region[1], region[2], dtype, shape, f"input '{name}'")
+        elif bsize is not None:
             if binary is None:
                 raise BadRequest(f"input '{name}' has binary_data_size but the request has no "
                                  "Inference-Header-Content-Length header")
@@ -216,7 +234,7 @@ def decode_infer(req_body: bytes, header_len: bytes | None, inst: ModelInstance,
         raise BadRequest("'parameters' must be an object")
     binary_out = bool(top_params.get("binary_data_output", False))
     outs_doc = doc.get("outputs")
-    outputs: list[tuple[str, bool, int]] | None = None
+    outputs: list[tuple[str, bool, int, OutputTarget | None]] | None = None
     if outs_doc:
         if not isinstance(outs_doc, list):
             raise BadRequest("'outputs' must be a list")
@@ -230,8 +248,77 @@ def decode_infer(req_body: bytes, header_len: bytes | None, inst: ModelInstance,
             cls = op.get("classification", 0) if isinstance(op, dict) else 0
             if not isinstance(cls, int) or cls < 0:
                 raise BadRequest(f"output '{oname}': classification must be a non-negative integer")
-            outputs.append((oname, bool(op.get("binary_data", binary_out)), cls))
+            region = shm_params(op, f"output '{oname}'") if isinstance(op, dict) else None
+            target = None
+            if region is not None:
+                if shm is None:
+                    raise BadRequest("system shared memory is not enabled on this daemon")
+                target = shm.output_target(region[0], region[1], region[2], f"output '{oname}'")
+            outputs.append((oname, bool(op.get("binary_data", binary_out)), cls, target))
     return doc, arrays, n, outputs, binary_out
+
+
+def model_metadata_doc(inst: ModelInstance) -> dict[str, Any]:
+    """The KServe model metadata of ``inst`` (HTTP JSON; gRPC's ModelMetadataResponse fields)."""
+    return {
+        "name": inst.name,
+        "versions": [inst.version],
+        "platform": "tensorrt_plan" if inst.backend.kind == "tensorrt" else "onnxruntime_onnx",
+        "inputs": [{"name": s.name, "datatype": s.datatype, "shape": list(s.shape)}
+                   for s in inst.input_specs.values()],
+        "outputs": [{"name": s.name, "datatype": s.datatype, "shape": list(s.shape)}
+                    for s in inst.output_specs.values()],
+    }
+
+
+def model_config_doc(inst: ModelInstance) -> dict[str, Any]:
+    """Triton's model configuration of ``inst`` (HTTP JSON; gRPC's ModelConfig fields)."""
+    mb = inst.max_batch
+
+    def tensor(s: Any, optional: bool = False) -> dict[str, Any]:
+        dims = list(s.shape[1:] if mb else s.shape)
+        d = {"name": s.name, "data_type": "TYPE_" + s.datatype, "dims": dims}
+        if optional:
+            d["optional"] = True
+        return d
+
+    pipe = inst.pipeline
+    image = pipe.image_spec if pipe else None
+    cfg: dict[str, Any] = {
+        "name": inst.name,
+        "platform": "tensorrt_plan" if inst.backend.kind == "tensorrt" else "onnxruntime_onnx",
+        "backend": "tensorrt" if inst.backend.kind == "tensorrt" else "onnxruntime",
+        "version_policy": {"specific": {"versions": [inst.version]}},
+        "max_batch_size": mb,
+        "input": [tensor(s, optional=(image is not None and i == 0)) for i, s in
+                  enumerate(pipe.model_inputs if pipe else [])] + ([tensor(image, True)] if image else []),
+        "output": [tensor(s) for s in inst.output_specs.values()],
+        "instance_group": [{"count": inst.batcher.max_depth if inst.batcher else 1,
+                            "kind": "KIND_GPU" if inst.backend.kind == "tensorrt" else "KIND_CPU"}],
+        "parameters": {"cuvil.bundle": {"string_value": str(inst.bundle_dir)},
+                       "cuvil.precision": {"string_value": str(inst.manifest.get("precision", ""))}},
+    }
+    if mb and inst.batcher is not None:
+        cfg["dynamic_batching"] = {"preferred_batch_size": inst.batcher.preferred,
+                                   "max_queue_delay_microseconds": inst.batcher.max_delay_ns // 1000}
+        cfg["parameters"]["cuvil.batch_cap"] = {"string_value": str(inst.batcher.cap)}
+        if inst.batch_profile_us:
+            cfg["parameters"]["cuvil.batch_profile_us_per_sample"] = {
+                "string_value": json.dumps(inst.batch_profile_us)}
+    return cfg
+
+
+def _to_shared_memory(entry: dict[str, Any], blobs: list[bytes], target: OutputTarget, value: Any) -> None:
+    """Move an encoded output into its shared-memory region: no data in the answer, only where it went."""
+    params = entry.pop("parameters", None) or {}
+    if "binary_data_size" in params:
+        blobs.pop()
+    entry.pop("data", None)
+    data = _serialize_bytes(value) if isinstance(value, list) else value
+    size = SharedMemoryRegistry.write(target, data, f"output '{entry['name']}'")
+    entry["parameters"] = {"shared_memory_region": target.region.name, "shared_memory_byte_size": size}
+    if target.offset:
+        entry["parameters"]["shared_memory_offset"] = target.offset
 
 
 class App:
@@ -248,8 +335,9 @@ class App:
 
     def __init__(self, registry: ModelRegistry, state: Any, token: str | None,
                  metrics: Callable[[], bytes], pressure: Callable[[], tuple[bool, float]] | None = None,
-                 max_body: int = 64 << 20) -> None:
+                 max_body: int = 64 << 20, shm: SharedMemoryRegistry | None = None) -> None:
         self.registry = registry
+        self.shm = shm
         self.state = state
         self.token = f"Bearer {token}".encode() if token else None
         self.metrics = metrics
@@ -257,7 +345,7 @@ class App:
         self.max_body = max_body
         self._tasks: set[asyncio.Task[None]] = set()
         self._server_meta = json.dumps({"name": "cuvil-edged", "version": __version__,
-                                        "extensions": _EXTENSIONS}).encode()
+                                        "extensions": EXTENSIONS}).encode()
 
     # ------------------------------------------------------------------ routing
 
@@ -311,6 +399,8 @@ class App:
             req.respond(200, self._server_meta)
         elif path == "/metrics":
             req.respond(200, self.metrics(), _TEXT)
+        elif n >= 4 and parts[1] == "v2" and parts[2] in ("systemsharedmemory", "cudasharedmemory"):
+            shm_route(self.shm, req, parts)
         elif n >= 4 and parts[1] == "v2" and parts[2] == "repository":
             if method != b"POST":
                 req.error(405, "use POST for repository requests")
@@ -341,18 +431,8 @@ class App:
 
     def _model_metadata(self, req: Request, name: str, version: str | None) -> None:
         inst = self._lookup(req, name, version)
-        if inst is None:
-            return
-        doc = {
-            "name": inst.name,
-            "versions": [inst.version],
-            "platform": "tensorrt_plan" if inst.backend.kind == "tensorrt" else "onnxruntime_onnx",
-            "inputs": [{"name": s.name, "datatype": s.datatype, "shape": list(s.shape)}
-                       for s in inst.input_specs.values()],
-            "outputs": [{"name": s.name, "datatype": s.datatype, "shape": list(s.shape)}
-                        for s in inst.output_specs.values()],
-        }
-        req.respond(200, json.dumps(doc).encode())
+        if inst is not None:
+            req.respond(200, json.dumps(model_metadata_doc(inst)).encode())
 
     def _model_ready(self, req: Request, name: str, version: str | None) -> None:
         inst = self._lookup(req, name, version)
@@ -361,41 +441,8 @@ class App:
 
     def _model_config(self, req: Request, name: str, version: str | None) -> None:
         inst = self._lookup(req, name, version)
-        if inst is None:
-            return
-        mb = inst.max_batch
-
-        def tensor(s: Any, optional: bool = False) -> dict[str, Any]:
-            dims = list(s.shape[1:] if mb else s.shape)
-            d = {"name": s.name, "data_type": "TYPE_" + s.datatype, "dims": dims}
-            if optional:
-                d["optional"] = True
-            return d
-
-        pipe = inst.pipeline
-        image = pipe.image_spec if pipe else None
-        cfg: dict[str, Any] = {
-            "name": inst.name,
-            "platform": "tensorrt_plan" if inst.backend.kind == "tensorrt" else "onnxruntime_onnx",
-            "backend": "tensorrt" if inst.backend.kind == "tensorrt" else "onnxruntime",
-            "version_policy": {"specific": {"versions": [inst.version]}},
-            "max_batch_size": mb,
-            "input": [tensor(s, optional=(image is not None and i == 0)) for i, s in
-                      enumerate(pipe.model_inputs if pipe else [])] + ([tensor(image, True)] if image else []),
-            "output": [tensor(s) for s in inst.output_specs.values()],
-            "instance_group": [{"count": inst.batcher.max_depth if inst.batcher else 1,
-                                "kind": "KIND_GPU" if inst.backend.kind == "tensorrt" else "KIND_CPU"}],
-            "parameters": {"cuvil.bundle": {"string_value": str(inst.bundle_dir)},
-                           "cuvil.precision": {"string_value": str(inst.manifest.get("precision", ""))}},
-        }
-        if mb and inst.batcher is not None:
-            cfg["dynamic_batching"] = {"preferred_batch_size": inst.batcher.preferred,
-                                       "max_queue_delay_microseconds": inst.batcher.max_delay_ns // 1000}
-            cfg["parameters"]["cuvil.batch_cap"] = {"string_value": str(inst.batcher.cap)}
-            if inst.batch_profile_us:
-                cfg["parameters"]["cuvil.batch_profile_us_per_sample"] = {
-                    "string_value": json.dumps(inst.batch_profile_us)}
-        req.respond(200, json.dumps(cfg).encode())
+        if inst is not None:
+            req.respond(200, json.dumps(model_config_doc(inst)).encode())
 
     def _stats(self, req: Request, name: str | None, version: str | None) -> None:
         if name is None:
@@ -489,7 +536,7 @@ class App:
             fut.add_done_callback(lambda f: self._decoded(req, inst, f))
             return
         try:
-            decoded = decode_infer(req.body, hl, inst)
+            decoded = decode_infer(req.body, hl, inst, self.shm)
         except BadRequest as exc:
             self._bad(req, inst, exc)
             return
@@ -504,7 +551,7 @@ class App:
                 raise BadRequest(f"Content-Encoding {enc.decode(errors='replace')!r} is not supported; "
                                  "use gzip, deflate or none")
             body = self._decompress(body, enc.lower())
-        return decode_infer(body, hl, inst)
+        return decode_infer(body, hl, inst, self.shm)
 
     def _decoded(self, req: Request, inst: ModelInstance, fut: Any) -> None:
         inst.inflight -= 1
@@ -533,7 +580,7 @@ class App:
             key = tuple((k, a.shape[1:]) for k, a in arrays.items()) if inst.max_batch else None
         rid = doc.get("id")
         wanted = [o[0] for o in outputs] if outputs is not None else None
-        out_list = outputs if outputs is not None else [(s, binary_out, 0) for s in inst.output_specs]
+        out_list = outputs if outputs is not None else [(s, binary_out, 0, None) for s in inst.output_specs]
         encode = self._encoder(inst, out_list, rid)
         p = Pending(arrays, n, key, wanted, self._deliver, encode, (req, inst))
         req.state = p
@@ -551,7 +598,7 @@ class App:
         return out
 
     @staticmethod
-    def _encoder(inst: ModelInstance, out_list: list[tuple[str, bool, int]],
+    def _encoder(inst: ModelInstance, out_list: list[tuple[str, bool, int, OutputTarget | None]],
                  rid: Any) -> Callable[[Pending], tuple[int, Any, bytes, list[tuple[bytes, bytes]] | None]]:
         name, version = inst.name, inst.version
 
@@ -560,7 +607,7 @@ class App:
             assert result is not None
             outs = []
             blobs: list[bytes] = []
-            for oname, binary, cls in out_list:
+            for oname, binary, cls, target in out_list:
                 arr = result[oname]
                 if cls:
                     rows = arr.reshape(arr.shape[0] if arr.ndim > 1 else 1, -1)
@@ -584,6 +631,11 @@ class App:
                         blobs.append(blob)
                     else:
                         entry["data"] = arr.ravel().tolist()
+                if target is not None:
+                    try:
+                        _to_shared_memory(entry, blobs, target, strings if cls else arr)
+                    except SharedMemoryError as exc:  # the client's region is too small: its error
+                        return exc.status, json_error(str(exc)), _JSON, None
                 outs.append(entry)
             doc: dict[str, Any] = {"model_name": name, "model_version": version, "outputs": outs}
             if rid is not None:

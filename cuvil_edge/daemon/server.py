@@ -29,11 +29,13 @@ from pathlib import Path
 from typing import Any
 
 from cuvil_edge.daemon.config import Config
+from cuvil_edge.daemon.gpu_metrics import GpuMetrics, power_limit_w
 from cuvil_edge.daemon.http import HttpProtocol
 from cuvil_edge.daemon.kserve import App
 from cuvil_edge.daemon.metrics import render_prometheus
 from cuvil_edge.daemon.models import ModelRegistry
 from cuvil_edge.daemon.resources import Resources
+from cuvil_edge.daemon.shm import SharedMemoryRegistry
 from cuvil_edge.daemon.store import BundleStore
 from cuvil_edge.errors import CuvilEdgeError, DaemonError
 from cuvil_edge.runtime import BackendOptions
@@ -99,6 +101,9 @@ class Server:
         self.resources = Resources(config)
         self.registry: ModelRegistry | None = None
         self.app: App | None = None
+        self.shm = SharedMemoryRegistry() if config.shared_memory else None
+        self.grpc: Any = None  # GrpcFrontend when gRPC is on
+        self.gpu_metrics: GpuMetrics | None = None  # Triton's nv_gpu_* series, with telemetry
         self._servers: list[asyncio.AbstractServer] = []
         self._stop: asyncio.Event | None = None  # created on the loop
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -147,6 +152,7 @@ class Server:
         cfg = self.config
         self.store.check()
         self.resources.start()
+        self._start_gpu_metrics()
         opts = BackendOptions(device=cfg.device, intra_op_threads=cfg.intra_op_threads,
                               max_batch=cfg.max_batch, extra={"spin": cfg.spin})
         self.registry = ModelRegistry(self.store, opts, cfg, admit=self.resources.admit,
@@ -155,8 +161,9 @@ class Server:
         self.resources.bind(self.registry)
         self.app = App(self.registry, self.state, cfg.token, self.render_metrics,
                        self.resources.pressure if self.resources.has_scheduler else None,
-                       max_body=cfg.max_body_bytes)
+                       max_body=cfg.max_body_bytes, shm=self.shm)
         await self._listen(loop)
+        await self._listen_grpc()
         self.resources.notify("STATUS=loading models")
         names = cfg.models or self.store.names()
         for name in names:
@@ -202,6 +209,29 @@ class Server:
                 host, port = sock.getsockname()[:2]
                 self.bound.append(f"http://{host}:{port}")
         self._servers.append(srv)
+
+    def _start_gpu_metrics(self) -> None:
+        """Feed every telemetry sample to Triton's GPU metrics (energy integrates all of them)."""
+        monitor = self.resources.monitor
+        if monitor is None:
+            return
+        self.gpu_metrics = GpuMetrics(self.config.board, power_limit_w(self.resources.target))
+        if monitor.latest is not None:
+            self.gpu_metrics.update(monitor.latest)
+        monitor.subscribe(self.gpu_metrics.update)
+
+    async def _listen_grpc(self) -> None:
+        """Start the gRPC front end (same app, models and limits) unless it is turned off."""
+        from cuvil_edge.daemon.grpc_server import grpc_address
+
+        if grpc_address(self.config) is None:
+            return
+        try:
+            from cuvil_edge.daemon.grpc_server import GrpcFrontend
+        except ImportError as exc:
+            raise DaemonError(f"gRPC needs the grpcio package ({exc}); install it or run with --grpc 0") from exc
+        self.grpc = GrpcFrontend(self.app, self.config, self.shm)
+        self.bound.append(await self.grpc.start())
 
     # ------------------------------------------------------------------ signals
 
@@ -291,6 +321,8 @@ class Server:
             with contextlib.suppress(Exception):
                 await srv.wait_closed()
         self._servers.clear()
+        if self.grpc is not None:
+            await self.grpc.stop(0)
         if self.config.uds is not None:
             with contextlib.suppress(OSError):
                 Path(self.config.uds).unlink()
@@ -302,6 +334,8 @@ class Server:
         self.resources.notify("STOPPING=1", "STATUS=draining")
         for srv in self._servers:
             srv.close()
+        # gRPC refuses new calls now and lets those in progress finish within the drain timeout.
+        grpc_stopped = asyncio.ensure_future(self.grpc.stop(self.config.drain_timeout)) if self.grpc else None
         deadline = time.monotonic() + self.config.drain_timeout
         while time.monotonic() < deadline:
             for conn in list(self.state.connections):
@@ -315,9 +349,13 @@ class Server:
         for conn in list(self.state.connections):
             if conn.transport is not None:
                 conn.transport.close()
+        if grpc_stopped is not None:
+            await grpc_stopped
         await self._close_listeners()
         if self.registry is not None:
             await self.registry.close_all()
+        if self.shm is not None:
+            self.shm.close()
         self.resources.close()
         self.state.stopped = True
         self.state.phase = "stopped"
@@ -329,6 +367,8 @@ class Server:
         """``/metrics`` body."""
         instances = self.registry.instances() if self.registry else []
         gauges = self.resources.gauges(instances)
+        if self.gpu_metrics is not None:
+            gauges.update(self.gpu_metrics.gauges())
         s = self.state
         gauges["cuvil_server_inflight_requests"] = ("Requests being served now", [({}, s.inflight)])
         gauges["cuvil_server_connections"] = ("Open client connections", [({}, len(s.connections))])
@@ -351,4 +391,8 @@ class Server:
                                                [({}, s.failed_unknown)]),
         }
         counters.update(self.resources.counters())
+        if self.grpc is not None:
+            counters.update(self.grpc.counters())
+        if self.gpu_metrics is not None:
+            counters.update(self.gpu_metrics.counters())
         return render_prometheus((i.stats for i in instances), gauges, counters)

@@ -155,9 +155,12 @@ class Daemon:
         cmd = [sys.executable, "-m", "cuvil_edge.daemon.main", "--store", str(store), *self.args]
         if "--uds" not in self.args and "--port" not in self.args:
             cmd += ["--port", "0"]
+        if not {"--grpc", "--grpc-port", "--grpc-uds"} & set(self.args):
+            cmd += ["--grpc-port", "0"]  # a free port: tests run side by side
         self._log = open(log, "wb")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, cwd=REPO, env=e)
         self.url = ""
+        self.grpc_url = ""
         self._clients: list[Any] = []
 
     def wait_ready(self, timeout: float = 60.0) -> Daemon:
@@ -167,6 +170,8 @@ class Daemon:
             m = re.search(r"ready on (\S+)", text)
             if m:
                 self.url = m.group(1).rstrip(",").replace("http://", "")
+                g = re.search(r"grpc://(\S+?),? serving", text)
+                self.grpc_url = g.group(1) if g else ""
                 return self
             if self.proc.poll() is not None:
                 raise AssertionError(f"daemon exited {self.proc.returncode} before ready:\n{text}")
@@ -192,6 +197,14 @@ class Daemon:
         import tritonclient.http as httpclient
 
         c = httpclient.InferenceServerClient(self.url, **kw)
+        self._clients.append(c)
+        return c
+
+    def grpc_client(self, **kw: Any) -> Any:
+        """A tritonclient gRPC client (sync) for this daemon, closed by ``stop`` if the test did not."""
+        import tritonclient.grpc as grpcclient
+
+        c = grpcclient.InferenceServerClient(self.grpc_url, **kw)
         self._clients.append(c)
         return c
 

@@ -16,7 +16,11 @@ MODULES = {
     "cuvil_edge.daemon.config": ["ENV_PREFIX", "OPTIONS", "Config", "build_parser", "load"],
     "cuvil_edge.daemon.demo": ["serve_and_measure", "start_daemon"],
     "cuvil_edge.daemon.http": ["HttpProtocol", "Request", "STATUS_LINES", "json_error"],
-    "cuvil_edge.daemon.kserve": ["App", "BadRequest", "MemoryRefused", "decode_infer"],
+    "cuvil_edge.daemon.gpu_metrics": ["RAIL_PREFERENCE", "GpuMetrics", "gpu_rail", "gpu_uuid", "power_limit_w"],
+    "cuvil_edge.daemon.grpc_server": ["DEFAULT_GRPC_PORT", "GrpcFrontend", "RpcFailure", "decode_grpc_infer",
+                                      "grpc_address"],
+    "cuvil_edge.daemon.kserve": ["EXTENSIONS", "App", "BadRequest", "MemoryRefused", "decode_infer",
+                                 "model_config_doc", "model_metadata_doc"],
     "cuvil_edge.daemon.main": ["main"],
     "cuvil_edge.daemon.metrics": ["ModelStats", "render_prometheus"],
     "cuvil_edge.daemon.models": ["ModelEntry", "ModelInstance", "ModelRegistry", "UnknownModel"],
@@ -24,6 +28,8 @@ MODULES = {
                                    "Pipeline", "kernels"],
     "cuvil_edge.daemon.resources": ["Resources"],
     "cuvil_edge.daemon.server": ["STARTUP_FAILURE", "Server", "ServerState"],
+    "cuvil_edge.daemon.shm": ["CUDA_SHM_UNSUPPORTED", "OutputTarget", "SharedMemoryError", "SharedMemoryRegistry",
+                              "ShmRegion", "shm_params", "shm_route"],
     "cuvil_edge.daemon.store": ["BundleStore", "read_manifest_dict"],
 }
 

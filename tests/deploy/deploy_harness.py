@@ -346,7 +346,8 @@ class Daemon:
     def start(self) -> Daemon:
         self.store.mkdir(parents=True, exist_ok=True)
         cmd = [sys.executable, "-m", "cuvil_edge.daemon.main", "--store", str(self.store),
-               "--port", str(self.port), "--log-level", "warning", "--intra-op-threads", "1"]
+               "--port", str(self.port), "--log-level", "warning", "--intra-op-threads", "1",
+               "--grpc", "0"]  # deploy speaks HTTP; no fixed gRPC port shared by parallel tests
         if self.pub is not None:
             cmd += ["--pub", str(self.pub)]
         cmd += list(self.args)

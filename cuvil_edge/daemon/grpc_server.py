@@ -1,0 +1,812 @@
+"""KServe v2 over gRPC: Triton's ``inference.GRPCInferenceService`` on the daemon's event loop.
+
+Stock ``tritonclient.grpc`` (sync, aio, and the bidirectional ``ModelStreamInfer`` stream) talks
+to it unchanged: the messages are Triton's (``cuvil_edge/daemon/proto``). It is a second front
+end on the same objects as HTTP, not a second server: ``grpc.aio`` runs on the daemon's asyncio
+loop, requests go to the same :class:`~cuvil_edge.daemon.models.ModelRegistry` and batchers
+(HTTP and gRPC requests batch together), through the same memory-pressure check (refusals are
+``RESOURCE_EXHAUSTED`` with ``retry-after`` seconds and ``grpc-retry-pushback-ms`` in the
+trailing metadata) and the same bearer token (``authorization: Bearer <token>`` metadata; the
+scheme is case-insensitive). Health RPCs stay open, as ``/v2/health/*`` does over HTTP.
+
+Untrusted input costs little: the token is checked when the call starts, from its metadata,
+before the request message is read (a refused call never reads its body); messages over
+``--grpc-max-message-mb`` (default: ``--max-body-mb``) are refused by gRPC's core from the
+length prefix; HTTP/2 streams per connection, calls in progress and requests in flight per
+stream are bounded.
+
+Tensors travel in ``raw_input_contents`` / ``raw_output_contents`` (as tritonclient sends them),
+in typed ``contents``, or in system shared memory (:mod:`cuvil_edge.daemon.shm`). The answer is
+serialized in the batcher's worker thread, so the loop only moves bytes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import logging
+import re
+import stat
+import time
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import grpc
+import numpy as np
+from google.protobuf import json_format
+
+from cuvil_edge import __version__
+from cuvil_edge.daemon.batcher import Pending
+from cuvil_edge.daemon.kserve import EXTENSIONS, MemoryRefused, model_config_doc, model_metadata_doc
+from cuvil_edge.daemon.models import ModelInstance, UnknownModel
+from cuvil_edge.daemon.pipeline import IMAGE_INPUT
+from cuvil_edge.daemon.proto import grpc_service_pb2 as pb
+from cuvil_edge.daemon.proto import model_config_pb2 as config_pb
+from cuvil_edge.daemon.shm import (
+    CUDA_SHM_UNSUPPORTED,
+    OutputTarget,
+    SharedMemoryError,
+    SharedMemoryRegistry,
+    shm_params,
+)
+from cuvil_edge.errors import CuvilEdgeError, DaemonError
+from cuvil_edge.runtime.base import datatype_of
+
+__all__ = ["DEFAULT_GRPC_PORT", "GrpcFrontend", "RpcFailure", "decode_grpc_infer", "grpc_address"]
+
+log = logging.getLogger("cuvil_edge.daemon.grpc")
+
+DEFAULT_GRPC_PORT = 8001  # Triton's
+SERVICE = "inference.GRPCInferenceService"
+_OPEN_METHODS = frozenset({f"/{SERVICE}/ServerLive", f"/{SERVICE}/ServerReady"})
+_BEARER = re.compile(rb"^bearer[ \t]+(\S+)[ \t]*$", re.IGNORECASE)
+STREAM_MAX_INFLIGHT = 64  # requests of one ModelStreamInfer stream in flight at once
+STREAM_MAX_BYTES = 64 << 20  # and their request bytes (at least one message always fits)
+
+# InferTensorContents field per KServe datatype (FP16/BF16 travel raw only).
+_CONTENTS_FIELD = {
+    "BOOL": "bool_contents", "INT8": "int_contents", "INT16": "int_contents", "INT32": "int_contents",
+    "INT64": "int64_contents", "UINT8": "uint_contents", "UINT16": "uint_contents", "UINT32": "uint_contents",
+    "UINT64": "uint64_contents", "FP32": "fp32_contents", "FP64": "fp64_contents", "BYTES": "bytes_contents",
+}
+
+
+class RpcFailure(Exception):
+    """An RPC answered with a gRPC error status (``code``), message and trailing metadata."""
+
+    def __init__(self, code: grpc.StatusCode, message: str,
+                 trailing: tuple[tuple[str, str], ...] = ()) -> None:
+        super().__init__(message)
+        self.code = code
+        self.trailing = trailing
+
+
+_HTTP_TO_GRPC = {400: grpc.StatusCode.INVALID_ARGUMENT, 401: grpc.StatusCode.UNAUTHENTICATED,
+                 404: grpc.StatusCode.NOT_FOUND, 413: grpc.StatusCode.RESOURCE_EXHAUSTED,
+                 500: grpc.StatusCode.INTERNAL, 503: grpc.StatusCode.UNAVAILABLE,
+                 507: grpc.StatusCode.RESOURCE_EXHAUSTED}
+
+
+def grpc_address(config: Any) -> str | None:
+    """Where gRPC listens for this config, as a gRPC address, or None when it is off.
+
+    ``--grpc-uds PATH`` wins; else ``--grpc-port`` on ``--host``. Unset, the port is Triton's
+    8001, except that ``--port 0`` (pick a free port) picks one for gRPC too, and a daemon told
+    to listen on ``--uds`` only listens on a Unix socket beside it (``NAME-grpc.sock``), so that
+    no TCP port opens that the operator did not ask for.
+    """
+    if not getattr(config, "grpc", True):
+        return None
+    if config.grpc_uds is not None:
+        return f"unix:{Path(config.grpc_uds)}"
+    port = config.grpc_port
+    if port is None:
+        if config.uds is not None:
+            uds = Path(config.uds)
+            return f"unix:{uds.with_name(uds.stem + '-grpc.sock')}"
+        port = 0 if config.port == 0 else DEFAULT_GRPC_PORT
+    host = config.host
+    if ":" in host and not host.startswith("["):
+        host = f"[{host}]"
+    return f"{host}:{port}"
+
+
+def _param(p: Any) -> Any:
+    kind = p.WhichOneof("parameter_choice")
+    return getattr(p, kind) if kind else None
+
+
+def _params(m: Any) -> dict[str, Any]:
+    return {k: _param(v) for k, v in m.items()}
+
+
+def _shape_ok(spec_shape: tuple[int, ...], shape: list[int]) -> bool:
+    return len(spec_shape) == len(shape) and all(s < 0 or s == d for s, d in zip(spec_shape, shape, strict=True))
+
+
+def decode_grpc_infer(req: Any, inst: ModelInstance, shm: SharedMemoryRegistry | None,
+                      ) -> tuple[dict[str, np.ndarray], int, list[tuple[str, int, OutputTarget | None]] | None]:
+    """Check a ``ModelInferRequest`` against the model; the same rules and messages as HTTP.
+
+    Returns:
+        (input arrays, batch size, requested outputs [(name, class_count, shm target)] or None for all).
+
+    Raises:
+        RpcFailure: INVALID_ARGUMENT with the message for the client.
+    """
+    try:
+        return _decode(req, inst, shm)
+    except SharedMemoryError as exc:
+        raise RpcFailure(_HTTP_TO_GRPC.get(exc.status, grpc.StatusCode.INVALID_ARGUMENT), str(exc)) from None
+
+
+def _bad(message: str) -> RpcFailure:
+    return RpcFailure(grpc.StatusCode.INVALID_ARGUMENT, message)
+
+
+def _decode(req: Any, inst: ModelInstance, shm: SharedMemoryRegistry | None,
+            ) -> tuple[dict[str, np.ndarray], int, list[tuple[str, int, OutputTarget | None]] | None]:
+    if not req.inputs:
+        raise _bad("the inference request needs at least one input")
+    specs = inst.input_specs
+    raw = req.raw_input_contents
+    next_raw = 0
+    arrays: dict[str, np.ndarray] = {}
+    for item in req.inputs:
+        name = item.name
+        spec = specs.get(name)
+        if spec is None:
+            raise _bad(f"unexpected inference input '{name}' for model '{inst.name}'; it takes {sorted(specs)}")
+        if name in arrays:
+            raise _bad(f"input '{name}' is given twice")
+        shape = list(item.shape)
+        if any(d < 0 for d in shape):
+            raise _bad(f"input '{name}': shape must hold non-negative integers, got {shape}")
+        if item.datatype != spec.datatype:
+            raise _bad(f"inference input '{name}' data-type is '{item.datatype}', but model "
+                       f"'{inst.name}' expects '{spec.datatype}'")
+        if name == IMAGE_INPUT and inst.pipeline is not None and inst.pipeline.image_spec is spec:
+            if len(shape) not in (3, 4) or shape[-1] != 3 or 0 in shape:
+                raise _bad(f"input '{IMAGE_INPUT}' must be UINT8 [H, W, 3] or [N, H, W, 3] (HWC RGB), "
+                           f"got shape {shape}")
+        elif not _shape_ok(spec.shape, shape):
+            raise _bad(f"unexpected shape for input '{name}' for model '{inst.name}'. Expected "
+                       f"{list(spec.shape)}, got {shape}")
+        count = 1
+        for d in shape:
+            count *= d
+        dtype = spec.dtype
+        region = shm_params(_params(item.parameters), f"input '{name}'")
+        if region is not None:
+            if shm is None:
+                raise _bad("system shared memory is not enabled on this daemon")
+            arr = shm.input_array(region[0], region[1], region[2], dtype, shape, f"input '{name}'")
+        elif item.HasField("contents"):
+            field = _CONTENTS_FIELD.get(spec.datatype)
+            values = getattr(item.contents, field) if field else ()
+            if len(values) != count:
+                raise _bad(f"input '{name}': {len(values)} elements given in contents for shape {shape} "
+                           f"({count} expected)")
+            arr = np.asarray(values, dtype=dtype).reshape(shape)
+        else:
+            if next_raw >= len(raw):
+                raise _bad(f"input '{name}' has no data: raw_input_contents holds {len(raw)} entries for "
+                           f"{len(req.inputs)} inputs")
+            blob = raw[next_raw]
+            next_raw += 1
+            expected = count * dtype.itemsize
+            if len(blob) != expected:
+                raise _bad(f"input '{name}': raw_input_contents has {len(blob)} bytes; shape {shape} of "
+                           f"{spec.datatype} needs {expected}")
+            arr = np.frombuffer(blob, dtype, count).reshape(shape)
+        arrays[name] = arr
+    if next_raw != len(raw):
+        raise _bad(f"raw_input_contents has {len(raw) - next_raw} entries that no input claims")
+    model_inputs = [s.name for s in (inst.pipeline.model_inputs if inst.pipeline else [])]
+    required = set(model_inputs)
+    if IMAGE_INPUT in arrays and model_inputs and IMAGE_INPUT not in model_inputs:
+        if model_inputs[0] in arrays:
+            raise _bad(f"give either '{IMAGE_INPUT}' or '{model_inputs[0]}', not both")
+        required.discard(model_inputs[0])
+        if arrays[IMAGE_INPUT].ndim == 3:
+            arrays[IMAGE_INPUT] = arrays[IMAGE_INPUT][None]
+    missing = sorted(required - set(arrays))
+    if missing:
+        raise _bad(f"model '{inst.name}' expects input {missing[0]!r}")
+    if inst.max_batch:
+        sizes = {a.shape[0] for a in arrays.values()}
+        if len(sizes) != 1:
+            raise _bad(f"inputs disagree on the batch size (first dimension): {sorted(sizes)}")
+        n = sizes.pop()
+        if n < 1 or n > inst.max_batch:
+            raise _bad(f"inference request batch-size must be <= {inst.max_batch} for '{inst.name}', got {n}")
+    else:
+        n = 1
+    outputs: list[tuple[str, int, OutputTarget | None]] | None = None
+    if req.outputs:
+        outputs = []
+        for o in req.outputs:
+            if o.name not in inst.output_specs:
+                raise _bad(f"unexpected inference output '{o.name}' for model '{inst.name}'; it has "
+                           f"{sorted(inst.output_specs)}")
+            params = _params(o.parameters)
+            cls = params.get("classification", 0)
+            if not isinstance(cls, int) or isinstance(cls, bool) or cls < 0:
+                raise _bad(f"output '{o.name}': classification must be a non-negative integer")
+            region = shm_params(params, f"output '{o.name}'")
+            target = None
+            if region is not None:
+                if shm is None:
+                    raise _bad("system shared memory is not enabled on this daemon")
+                target = shm.output_target(region[0], region[1], region[2], f"output '{o.name}'")
+            outputs.append((o.name, cls, target))
+    return arrays, n, outputs
+
+
+def _classify(arr: np.ndarray, cls: int) -> tuple[list[int], bytes]:
+    """Triton's classification extension: top ``cls`` "value:index" strings per row, serialized."""
+    rows = arr.reshape(arr.shape[0] if arr.ndim > 1 else 1, -1)
+    k = min(cls, rows.shape[1])
+    idx = np.argsort(-rows, axis=1, kind="stable")[:, :k]
+    vals = np.take_along_axis(rows, idx, 1)
+    out = bytearray()
+    for rv, ri in zip(vals.tolist(), idx.tolist(), strict=True):
+        for v, i in zip(rv, ri, strict=True):
+            s = f"{v:f}:{i}".encode()
+            out += len(s).to_bytes(4, "little") + s
+    return [rows.shape[0], k], bytes(out)
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        b = n & 0x7F
+        n >>= 7
+        if n:
+            out.append(b | 0x80)
+        else:
+            out.append(b)
+            return bytes(out)
+
+
+def _as_stream_response(infer_response: bytes) -> bytes:
+    """``ModelStreamInferResponse{infer_response: <bytes>}`` without parsing them again (field 2)."""
+    return b"\x12" + _varint(len(infer_response)) + infer_response
+
+
+def _identity(b: bytes) -> bytes:
+    return b
+
+
+class _Malformed:
+    """Stands for a request message that does not parse (answered INVALID_ARGUMENT, not UNKNOWN)."""
+
+    def __init__(self, type_name: str, exc: Exception) -> None:
+        self.message = f"malformed {type_name} message: {exc}"
+
+
+def _parser(message_type: Any) -> Callable[[bytes], Any]:
+    def parse(data: bytes) -> Any:
+        try:
+            return message_type.FromString(data)
+        except Exception as exc:  # protobuf's DecodeError, or worse on hostile bytes
+            return _Malformed(message_type.DESCRIPTOR.name, exc)
+
+    return parse
+
+
+class GrpcFrontend:
+    """The gRPC front end of one daemon.
+
+    Args:
+        app (Any): the HTTP application (:class:`~cuvil_edge.daemon.kserve.App`): its registry,
+            server state, pressure check and token are shared.
+        config (Any): the daemon's Config.
+        shm (SharedMemoryRegistry | None): the shared-memory regions (shared with HTTP).
+    """
+
+    def __init__(self, app: Any, config: Any, shm: SharedMemoryRegistry | None) -> None:
+        self.app = app
+        self.registry = app.registry
+        self.state = app.state
+        self.config = config
+        self.shm = shm
+        token = getattr(config, "token", None)
+        self.token = token.encode() if token else None
+        self.server: grpc.aio.Server | None = None
+        self.bound: str | None = None
+        self.uds: Path | None = None
+        self.calls: dict[tuple[str, str], int] = {}  # (method, status code) -> count
+        self._handlers = self._build_handlers()
+
+    # ------------------------------------------------------------------ limits and binding
+
+    @property
+    def max_message_bytes(self) -> int:
+        """Largest request message accepted (``--grpc-max-message-mb``, else ``--max-body-mb``)."""
+        mb = getattr(self.config, "grpc_max_message_mb", None) or self.config.max_body_mb
+        return int(mb * 1024 * 1024)
+
+    def server_options(self) -> list[tuple[str, Any]]:
+        """gRPC core channel arguments that carry the daemon's limits."""
+        cfg = self.config
+        return [
+            ("grpc.max_receive_message_length", self.max_message_bytes),
+            ("grpc.max_send_message_length", max(self.max_message_bytes, 64 << 20)),
+            ("grpc.max_concurrent_streams", int(cfg.grpc_max_streams)),
+            # As HTTP's header limit (--max-header-kb where the daemon has it, else 64 KiB).
+            ("grpc.max_metadata_size", int(getattr(cfg, "max_header_kb", 64)) * 1024),
+            ("grpc.max_connection_idle_ms", int(cfg.keep_alive * 1000)),
+            ("grpc.so_reuseport", 0),  # a port in use is an error, as for HTTP
+        ]
+
+    async def start(self) -> str:
+        """Bind and start serving; returns the bound address (``grpc://host:port`` or ``grpc+unix:``).
+
+        Raises:
+            DaemonError: the address cannot be bound.
+        """
+        address = grpc_address(self.config)
+        assert address is not None
+        if address.startswith("unix:"):
+            path = Path(address[5:])
+            if path.exists() or path.is_symlink():
+                if not stat.S_ISSOCK(path.lstat().st_mode):
+                    raise DaemonError(f"--grpc-uds {path}: exists and is not a socket; remove it or pick another path")
+                path.unlink()
+            self.uds = path
+        self.server = grpc.aio.server(options=self.server_options(),
+                                      maximum_concurrent_rpcs=int(self.config.grpc_max_rpcs))
+        self.server.add_generic_rpc_handlers((_Handlers(self),))
+        try:
+            port = self.server.add_insecure_port(address)
+        except RuntimeError as exc:
+            raise DaemonError(f"cannot listen for gRPC on {address}: {exc}; pick another --grpc-port "
+                              "or turn gRPC off with --grpc 0") from exc
+        if port == 0 and self.uds is None:
+            raise DaemonError(f"cannot listen for gRPC on {address}: the port is in use or the address is "
+                              "not local; pick another --grpc-port or turn gRPC off with --grpc 0")
+        await self.server.start()
+        if self.uds is not None:
+            with contextlib.suppress(OSError):
+                self.uds.chmod(0o660)
+            self.bound = f"grpc+unix:{self.uds}"
+        else:
+            host = address.rpartition(":")[0]
+            self.bound = f"grpc://{host}:{port}"
+        return self.bound
+
+    async def stop(self, grace: float | None) -> None:
+        """Refuse new calls, let calls in progress finish for ``grace`` seconds, close."""
+        if self.server is not None:
+            await self.server.stop(grace)
+            self.server = None
+        if self.uds is not None:
+            with contextlib.suppress(OSError):
+                self.uds.unlink()
+
+    # ------------------------------------------------------------------ auth and bookkeeping
+
+    def authorized(self, metadata: Any) -> bool:
+        """Whether the call's metadata carries ``authorization: Bearer <token>``."""
+        if self.token is None:
+            return True
+        for key, value in metadata or ():
+            if key == "authorization":
+                raw = value.encode() if isinstance(value, str) else bytes(value)
+                m = _BEARER.match(raw)
+                return m is not None and hmac.compare_digest(m.group(1), self.token)
+        return False
+
+    def count(self, method: str, code: grpc.StatusCode) -> None:
+        key = (method, code.name)
+        self.calls[key] = self.calls.get(key, 0) + 1
+
+    def _lookup(self, name: str, version: str) -> ModelInstance:
+        try:
+            return self.registry.get(name, version or None)
+        except UnknownModel as exc:
+            raise RpcFailure(grpc.StatusCode.NOT_FOUND, str(exc)) from None
+
+    def _build_handlers(self) -> dict[str, grpc.RpcMethodHandler]:
+        unary = {
+            "ServerLive": (pb.ServerLiveRequest, self.server_live),
+            "ServerReady": (pb.ServerReadyRequest, self.server_ready),
+            "ModelReady": (pb.ModelReadyRequest, self.model_ready),
+            "ServerMetadata": (pb.ServerMetadataRequest, self.server_metadata),
+            "ModelMetadata": (pb.ModelMetadataRequest, self.model_metadata),
+            "ModelConfig": (pb.ModelConfigRequest, self.model_config),
+            "ModelStatistics": (pb.ModelStatisticsRequest, self.model_statistics),
+            "RepositoryIndex": (pb.RepositoryIndexRequest, self.repository_index),
+            "RepositoryModelLoad": (pb.RepositoryModelLoadRequest, self.repository_load),
+            "RepositoryModelUnload": (pb.RepositoryModelUnloadRequest, self.repository_unload),
+            "SystemSharedMemoryStatus": (pb.SystemSharedMemoryStatusRequest, self.shm_status),
+            "SystemSharedMemoryRegister": (pb.SystemSharedMemoryRegisterRequest, self.shm_register),
+            "SystemSharedMemoryUnregister": (pb.SystemSharedMemoryUnregisterRequest, self.shm_unregister),
+            "CudaSharedMemoryStatus": (pb.CudaSharedMemoryStatusRequest, self.cuda_shm),
+            "CudaSharedMemoryRegister": (pb.CudaSharedMemoryRegisterRequest, self.cuda_shm),
+            "CudaSharedMemoryUnregister": (pb.CudaSharedMemoryUnregisterRequest, self.cuda_shm),
+        }
+        table: dict[str, grpc.RpcMethodHandler] = {}
+        for name, (request_type, fn) in unary.items():
+            table[f"/{SERVICE}/{name}"] = grpc.unary_unary_rpc_method_handler(
+                self._unary(name, fn), request_deserializer=_parser(request_type),
+                response_serializer=lambda m: m.SerializeToString())
+        table[f"/{SERVICE}/ModelInfer"] = grpc.unary_unary_rpc_method_handler(
+            self.model_infer, request_deserializer=_parser(pb.ModelInferRequest),
+            response_serializer=_identity)
+        table[f"/{SERVICE}/ModelStreamInfer"] = grpc.stream_stream_rpc_method_handler(
+            self.model_stream_infer, request_deserializer=_parser(pb.ModelInferRequest),
+            response_serializer=_identity)
+        return table
+
+    def _unary(self, name: str, fn: Callable[[Any], Any]) -> Callable[[Any, Any], Any]:
+        async def call(request: Any, context: grpc.aio.ServicerContext) -> Any:
+            try:
+                if isinstance(request, _Malformed):
+                    raise RpcFailure(grpc.StatusCode.INVALID_ARGUMENT, request.message)
+                result = fn(request)
+                if asyncio.iscoroutine(result):
+                    result = await result
+            except RpcFailure as exc:
+                self.count(name, exc.code)
+                await context.abort(exc.code, str(exc), exc.trailing)
+            self.count(name, grpc.StatusCode.OK)
+            return result
+
+        return call
+
+    # ------------------------------------------------------------------ health and metadata
+
+    def server_live(self, _req: Any) -> Any:
+        return pb.ServerLiveResponse(live=not self.state.stopped)
+
+    def server_ready(self, _req: Any) -> Any:
+        return pb.ServerReadyResponse(ready=bool(self.state.ready and not self.state.shutting_down))
+
+    def model_ready(self, req: Any) -> Any:
+        # Triton answers ready=false (not an error) for a model or version it does not serve.
+        try:
+            self.registry.get(req.name, req.version or None)
+        except UnknownModel:
+            return pb.ModelReadyResponse(ready=False)
+        return pb.ModelReadyResponse(ready=True)
+
+    def server_metadata(self, _req: Any) -> Any:
+        return pb.ServerMetadataResponse(name="cuvil-edged", version=__version__, extensions=EXTENSIONS)
+
+    def model_metadata(self, req: Any) -> Any:
+        doc = model_metadata_doc(self._lookup(req.name, req.version))
+        return json_format.ParseDict(doc, pb.ModelMetadataResponse())
+
+    def model_config(self, req: Any) -> Any:
+        doc = model_config_doc(self._lookup(req.name, req.version))
+        # Triton's version numbers are integers; ours are bundle versions ("1.0.0"): the proto
+        # carries the latest-one policy instead, the HTTP JSON the version string.
+        versions = doc.pop("version_policy", {}).get("specific", {}).get("versions", [])
+        if versions and all(str(v).isdigit() for v in versions):
+            doc["version_policy"] = {"specific": {"versions": [int(v) for v in versions]}}
+        else:
+            doc["version_policy"] = {"latest": {"num_versions": 1}}
+        cfg = json_format.ParseDict(doc, config_pb.ModelConfig(), ignore_unknown_fields=True)
+        return pb.ModelConfigResponse(config=cfg)
+
+    def model_statistics(self, req: Any) -> Any:
+        if req.name:
+            stats = [self._lookup(req.name, req.version).stats.to_dict()]
+        else:
+            stats = [i.stats.to_dict() for i in self.registry.instances()]
+        return json_format.ParseDict({"model_stats": stats}, pb.ModelStatisticsResponse(),
+                                     ignore_unknown_fields=True)
+
+    # ------------------------------------------------------------------ repository
+
+    def repository_index(self, req: Any) -> Any:
+        items = self.registry.index()
+        if req.ready:
+            items = [i for i in items if i["state"] == "READY"]
+        return json_format.ParseDict({"models": items}, pb.RepositoryIndexResponse(), ignore_unknown_fields=True)
+
+    async def repository_load(self, req: Any) -> Any:
+        version = _params(req.parameters).get("version")
+        try:
+            await self.registry.load(req.model_name, version if isinstance(version, str) else None)
+        except MemoryRefused as exc:
+            raise RpcFailure(grpc.StatusCode.RESOURCE_EXHAUSTED, f"failed to load '{req.model_name}': {exc}") from None
+        except CuvilEdgeError as exc:
+            raise RpcFailure(grpc.StatusCode.INVALID_ARGUMENT, f"failed to load '{req.model_name}': {exc}") from None
+        return pb.RepositoryModelLoadResponse()
+
+    async def repository_unload(self, req: Any) -> Any:
+        try:
+            await self.registry.unload(req.model_name)
+        except CuvilEdgeError as exc:
+            raise RpcFailure(grpc.StatusCode.INVALID_ARGUMENT, str(exc)) from None
+        return pb.RepositoryModelUnloadResponse()
+
+    # ------------------------------------------------------------------ shared memory
+
+    def _shm(self) -> SharedMemoryRegistry:
+        if self.shm is None:
+            raise RpcFailure(grpc.StatusCode.UNAVAILABLE, "system shared memory is not enabled on this daemon")
+        return self.shm
+
+    @staticmethod
+    def _shm_failure(exc: SharedMemoryError) -> RpcFailure:
+        return RpcFailure(_HTTP_TO_GRPC.get(exc.status, grpc.StatusCode.INVALID_ARGUMENT), str(exc))
+
+    def shm_status(self, req: Any) -> Any:
+        try:
+            regions = self._shm().status(req.name or None)
+        except SharedMemoryError as exc:
+            raise self._shm_failure(exc) from None
+        out = pb.SystemSharedMemoryStatusResponse()
+        for r in regions:
+            out.regions[r["name"]].CopyFrom(pb.SystemSharedMemoryStatusResponse.RegionStatus(**r))
+        return out
+
+    def shm_register(self, req: Any) -> Any:
+        try:
+            self._shm().register(req.name, req.key, req.offset, req.byte_size)
+        except SharedMemoryError as exc:
+            raise self._shm_failure(exc) from None
+        return pb.SystemSharedMemoryRegisterResponse()
+
+    def shm_unregister(self, req: Any) -> Any:
+        try:
+            self._shm().unregister(req.name or None)
+        except SharedMemoryError as exc:
+            raise self._shm_failure(exc) from None
+        return pb.SystemSharedMemoryUnregisterResponse()
+
+    def cuda_shm(self, _req: Any) -> Any:
+        raise RpcFailure(grpc.StatusCode.UNIMPLEMENTED, CUDA_SHM_UNSUPPORTED)
+
+    # ------------------------------------------------------------------ inference
+
+    def _admit(self, req: Any) -> ModelInstance:
+        """Pressure check, then the model: what HTTP's ``_infer`` does before decoding."""
+        pressure = self.app.pressure
+        if pressure is not None:
+            reject, retry = pressure()
+            if reject:
+                self.state.rejected += 1
+                entry = self.registry.entries.get(req.model_name)
+                if entry is not None and entry.instance is not None:
+                    entry.instance.stats.rejected += 1
+                    entry.instance.stats.record_request(False, 0)
+                secs = max(1, int(round(retry)))
+                raise RpcFailure(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                 f"memory pressure: the daemon is refusing new requests for now; retry in {secs} s",
+                                 (("retry-after", str(secs)), ("grpc-retry-pushback-ms", str(secs * 1000))))
+        if self.state.shutting_down:
+            raise RpcFailure(grpc.StatusCode.UNAVAILABLE, "the daemon is shutting down")
+        try:
+            return self._lookup(req.model_name, req.model_version)
+        except RpcFailure:
+            self.state.failed_unknown += 1
+            raise
+
+    def _submit(self, req: Any, deliver: Callable[[Pending], None], received: float) -> Pending:
+        """Admit, decode and queue one request; ``deliver`` runs on the loop with the outcome.
+
+        Raises:
+            RpcFailure: refused before it reached a batcher.
+        """
+        if isinstance(req, _Malformed):
+            raise RpcFailure(grpc.StatusCode.INVALID_ARGUMENT, req.message)
+        inst = self._admit(req)
+        try:
+            arrays, n, outputs = decode_grpc_infer(req, inst, self.shm)
+        except RpcFailure:
+            inst.stats.record_request(False, int((time.perf_counter() - received) * 1e9))
+            raise
+        if IMAGE_INPUT in arrays and inst.pipeline is not None and inst.pipeline.image_spec is not None:
+            key: Any = IMAGE_INPUT
+        else:
+            key = tuple((k, a.shape[1:]) for k, a in arrays.items()) if inst.max_batch else None
+        wanted = [o[0] for o in outputs] if outputs is not None else None
+        out_list = outputs if outputs is not None else [(s, 0, None) for s in inst.output_specs]
+        p = Pending(arrays, n, key, wanted, deliver, self._encoder(inst, out_list, req.id),
+                    (inst, received))
+        inst.submit(p)
+        return p
+
+    @staticmethod
+    def _encoder(inst: ModelInstance, out_list: list[tuple[str, int, OutputTarget | None]],
+                 rid: str) -> Callable[[Pending], bytes | RpcFailure]:
+        name, version = inst.name, inst.version
+
+        def encode(p: Pending) -> bytes | RpcFailure:  # worker thread
+            result = p.result
+            assert result is not None
+            resp = pb.ModelInferResponse(model_name=name, model_version=version, id=rid)
+            for oname, cls, target in out_list:
+                arr = result[oname]
+                out = resp.outputs.add(name=oname)
+                if cls:
+                    shape, blob = _classify(arr, cls)
+                    out.datatype = "BYTES"
+                    out.shape.extend(shape)
+                else:
+                    out.datatype = datatype_of(arr.dtype)
+                    out.shape.extend(arr.shape)
+                    blob = np.ascontiguousarray(arr).tobytes()
+                if target is not None:
+                    try:
+                        SharedMemoryRegistry.write(target, blob, f"output '{oname}'")
+                    except SharedMemoryError as exc:  # the client's region is too small: its error
+                        return RpcFailure(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+                    out.parameters["shared_memory_region"].string_param = target.region.name
+                    out.parameters["shared_memory_byte_size"].int64_param = len(blob)
+                    if target.offset:
+                        out.parameters["shared_memory_offset"].int64_param = target.offset
+                    blob = b""  # keeps raw_output_contents aligned with outputs
+                resp.raw_output_contents.append(blob)
+            return resp.SerializeToString()
+
+        return encode
+
+    def _finish(self, p: Pending) -> tuple[bytes | None, RpcFailure | None]:
+        """Account one delivered request (loop thread); the answer bytes or the failure."""
+        inst, received = p.ctx
+        inst.inflight -= 1
+        elapsed = int((time.perf_counter() - received) * 1e9)
+        if p.cancelled:
+            inst.stats.cancelled += 1
+            inst.stats.record_request(False, elapsed)
+            return None, RpcFailure(grpc.StatusCode.CANCELLED, "the client cancelled the request")
+        if p.error is not None or p.body is None:
+            inst.stats.record_request(False, elapsed)
+            status, message = p.error or (500, "the request was dropped without an answer")
+            return None, RpcFailure(_HTTP_TO_GRPC.get(status, grpc.StatusCode.INTERNAL), message)
+        if isinstance(p.body, RpcFailure):
+            inst.stats.record_request(False, elapsed)
+            return None, p.body
+        inst.stats.record_request(True, elapsed)
+        return p.body, None
+
+    async def model_infer(self, req: Any, context: grpc.aio.ServicerContext) -> bytes:
+        received = time.perf_counter()
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[Pending] = loop.create_future()
+
+        def deliver(p: Pending) -> None:
+            if not done.done():
+                done.set_result(p)
+
+        self.state.inflight += 1
+        try:
+            try:
+                p = self._submit(req, deliver, received)
+            except RpcFailure as exc:
+                self.count("ModelInfer", exc.code)
+                await context.abort(exc.code, str(exc), exc.trailing)
+            try:
+                await done
+            except asyncio.CancelledError:
+                p.cancelled = True  # the batcher skips it if it has not run yet
+                self.state.client_gone += 1
+                raise
+            body, failure = self._finish(p)
+            if failure is not None:
+                self.count("ModelInfer", failure.code)
+                await context.abort(failure.code, str(failure))
+            self.count("ModelInfer", grpc.StatusCode.OK)
+            return body  # type: ignore[return-value]
+        finally:
+            self.state.inflight -= 1
+
+    async def model_stream_infer(self, requests: AsyncIterator[Any],
+                                 context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
+        """Bidirectional stream: answers in completion order, each carrying its request's id.
+
+        An error answers that request with ``error_message`` and the stream goes on, as Triton.
+        At most ``STREAM_MAX_INFLIGHT`` requests and ``STREAM_MAX_BYTES`` of request messages of
+        one stream are in flight (inputs are read in place from the messages, so they stay alive
+        until the answer); beyond that the stream is not read, and HTTP/2 flow control holds the
+        client back.
+        """
+        if not self.authorized(context.invocation_metadata()):  # belt and braces: _Handlers checks first
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED, _UNAUTHENTICATED)
+        answers: asyncio.Queue[bytes | None] = asyncio.Queue()
+        live: dict[Pending, int] = {}  # in flight -> its message bytes
+        held = [0]  # message bytes in flight
+        room = asyncio.Event()
+        outstanding = 0
+
+        def deliver(p: Pending) -> None:
+            held[0] -= live.pop(p, 0)
+            room.set()
+            body, failure = self._finish(p)
+            if failure is not None:
+                self.count("ModelStreamInfer", failure.code)
+                answers.put_nowait(pb.ModelStreamInferResponse(error_message=str(failure)).SerializeToString())
+            else:
+                self.count("ModelStreamInfer", grpc.StatusCode.OK)
+                answers.put_nowait(_as_stream_response(body))  # type: ignore[arg-type]
+
+        async def read() -> None:
+            nonlocal outstanding
+            try:
+                async for req in requests:
+                    size = 0 if isinstance(req, _Malformed) else req.ByteSize()
+                    while live and (len(live) >= STREAM_MAX_INFLIGHT or held[0] + size > STREAM_MAX_BYTES):
+                        room.clear()
+                        await room.wait()
+                    outstanding += 1
+                    self.state.inflight += 1
+                    try:
+                        # deliver runs later on this loop, never inside _submit: account first.
+                        live[self._submit(req, deliver, time.perf_counter())] = size
+                        held[0] += size
+                    except RpcFailure as exc:
+                        self.count("ModelStreamInfer", exc.code)
+                        answers.put_nowait(pb.ModelStreamInferResponse(error_message=str(exc)).SerializeToString())
+            finally:
+                answers.put_nowait(None)
+
+        reader = asyncio.ensure_future(read())
+        reading = True
+        try:
+            while reading or outstanding:
+                item = await answers.get()
+                if item is None:
+                    reading = False
+                    continue
+                outstanding -= 1
+                self.state.inflight -= 1
+                yield item
+        finally:
+            reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await reader
+            for p in live:
+                p.cancelled = True
+            if outstanding:
+                self.state.inflight -= outstanding
+                self.state.client_gone += outstanding
+
+    # ------------------------------------------------------------------ metrics
+
+    def counters(self) -> dict[str, tuple[str, list[tuple[dict[str, str], Any]]]]:
+        """gRPC counters for /metrics."""
+        return {"cuvil_grpc_requests_total": (
+            "gRPC calls answered, by method and status code",
+            [({"method": m, "code": c}, v) for (m, c), v in sorted(self.calls.items())])}
+
+
+_UNAUTHENTICATED = "missing or wrong bearer token: send metadata 'authorization: Bearer <token>'"
+
+
+class _Handlers(grpc.GenericRpcHandler):
+    """Routes calls by method name; refuses unauthenticated calls before reading their message.
+
+    A refused call gets a *stream* handler that aborts at once: gRPC reads a request message only
+    when the handler asks for it, so the body of an unauthenticated call is never buffered or
+    parsed (a unary handler would receive the whole message first).
+    """
+
+    def __init__(self, frontend: GrpcFrontend) -> None:
+        self.frontend = frontend
+
+    def service(self, details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler | None:
+        method = details.method
+        method = method.decode() if isinstance(method, bytes) else method
+        handler = self.frontend._handlers.get(method)
+        if handler is None:
+            return None  # UNIMPLEMENTED, as gRPC answers for an unknown method
+        if method in _OPEN_METHODS or self.frontend.authorized(details.invocation_metadata):
+            return handler
+        name = method.rpartition("/")[2]
+        frontend = self.frontend
+
+        async def refuse(_requests: Any, context: grpc.aio.ServicerContext) -> None:
+            frontend.count(name, grpc.StatusCode.UNAUTHENTICATED)
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED, _UNAUTHENTICATED)
+
+        if handler.response_streaming:
+            return grpc.stream_stream_rpc_method_handler(refuse)
+        return grpc.stream_unary_rpc_method_handler(refuse)
