@@ -129,6 +129,18 @@ class RangeCollector:
         self.bins = bins
         self.stats: dict[str, TensorStats] = {}
         self.samples = 0
+        self._channel_sums: dict[str, np.ndarray] = {}
+
+    def add_channel_sums(self, name: str, values: np.ndarray) -> None:
+        """Accumulate the per-sample channel means (axis 1, mean over axes 2..) of an NC... tensor."""
+        if values.ndim < 3:
+            return
+        part = values.astype(np.float64).mean(axis=tuple(range(2, values.ndim))).sum(axis=0)
+        self._channel_sums[name] = self._channel_sums.get(name, 0.0) + part
+
+    def channel_means(self) -> dict[str, np.ndarray]:
+        """Per-channel means over every sample seen (what bias correction needs of each Conv input)."""
+        return {k: v / max(1, self.samples) for k, v in self._channel_sums.items()}
 
     def add(self, name: str, values: np.ndarray) -> None:
         self.stats.setdefault(name, TensorStats(self.bins)).add(values)
@@ -164,11 +176,15 @@ def _float_tensors(model: onnx.ModelProto) -> list[str]:
 
 
 def collect_ranges(model: onnx.ModelProto, data: Dataset, batch: int = 8,
-                   on_batch: Callable[[int, int], None] | None = None, threads: int = 0) -> RangeCollector:
+                   on_batch: Callable[[int, int], None] | None = None, threads: int = 0,
+                   channel_means_of: set[str] | None = None) -> RangeCollector:
     """One pass of ``data`` through ``model`` with every float activation exposed, into histograms.
 
+    ``channel_means_of`` names tensors whose per-channel means are gathered in the same pass (bias
+    correction's E[x] of each Conv input), so calibration reads the data once.
     Memory: one batch of every activation (``batch`` samples) plus the histograms.
     """
+    wanted_means = channel_means_of or set()
     from cuvil_edge.packager.validate import make_session
 
     names = _float_tensors(model)
@@ -188,9 +204,13 @@ def collect_ranges(model: onnx.ModelProto, data: Dataset, batch: int = 8,
         # Model inputs are ranges too (their Q node comes first).
         for name, value in feed.items():
             collector.add(name, value)
+            if name in wanted_means:
+                collector.add_channel_sums(name, value)
         for name, value in zip(outputs, session.run(outputs, feed), strict=True):
-            if isinstance(value, np.ndarray) and value.dtype.kind == "f":
+            if name not in feed and isinstance(value, np.ndarray) and value.dtype.kind == "f":
                 collector.add(name, value)
+                if name in wanted_means:
+                    collector.add_channel_sums(name, value)
         collector.samples += stop - start
     if on_batch is not None:
         on_batch(total, total)

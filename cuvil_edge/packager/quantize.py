@@ -30,7 +30,7 @@ import numpy as np
 import onnx
 
 from cuvil_edge.errors import QuantizationError
-from cuvil_edge.packager.bias_correction import conv_input_means, correct_biases
+from cuvil_edge.packager.bias_correction import correct_biases
 from cuvil_edge.packager.calibrate import collect_ranges
 from cuvil_edge.packager.data import Dataset
 from cuvil_edge.packager.emulate import emulate_fp16, emulate_qdq
@@ -49,6 +49,8 @@ __all__ = ["Int8Form", "MixedResult", "Quantizer", "convert_fp16", "int8_form", 
 SEARCH_KL_BUDGET = 0.01
 # A group kept out of INT8 goes to FP16 when FP16 alone costs at most this share of the search budget.
 FP16_SENSITIVITY_SHARE = 0.1
+# Samples the per-group sensitivity ranking runs on (the goal itself is checked on all the search data).
+SENSITIVITY_SAMPLES = 48
 
 _QUANT_OPS = ("Conv", "ConvTranspose", "Gemm", "MatMul", "Add", "Mul", "GlobalAveragePool", "AveragePool",
               "MaxPool", "Concat", "Resize", "Sigmoid", "Clip", "Relu", "Flatten", "Reshape", "Transpose")
@@ -224,8 +226,12 @@ class Quantizer:
             raise QuantizationError("the installed onnxruntime has no calibration cache (save_tensors_data); "
                                     "install onnxruntime >= 1.23") from None
         prepared = onnx.load(str(self._prepared))
-        collector = collect_ranges(prepared, self.calibration, on_batch=lambda d, t: self._bar("calibrating", d, t))
+        convs = [n for n in prepared.graph.node if n.op_type == "Conv" and n.name] if self.bias_correction else []
+        collector = collect_ranges(prepared, self.calibration, on_batch=lambda d, t: self._bar("calibrating", d, t),
+                                   channel_means_of={n.input[0] for n in convs})
         save_tensors_data(collector.tensors_data(self.method, self.form.symmetric_activations, 99.999), self._cache)
+        means = collector.channel_means()
+        self._bias_reference = (prepared, {n.name: means[n.input[0]] for n in convs if n.input[0] in means})
 
     def _options(self) -> dict[str, Any]:
         from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType
@@ -265,10 +271,7 @@ class Quantizer:
         except Exception as exc:  # onnxruntime's quantizer raises assorted untyped errors
             raise QuantizationError(f"quantization failed: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from exc
         model = onnx.load(str(out))
-        if self.bias_correction:
-            if self._bias_reference is None:
-                prepared = onnx.load(str(self._prepared))
-                self._bias_reference = (prepared, conv_input_means(prepared, self.calibration))
+        if self.bias_correction and self._bias_reference is not None:
             self.corrected = correct_biases(model, *self._bias_reference)
         if self.runtime_format == "tensorrt" and not symmetric_zero_points(model):
             raise QuantizationError("quantizer produced a non-zero zero-point; TensorRT needs symmetric Q/DQ")
@@ -292,9 +295,12 @@ class Quantizer:
         out_name = next(iter(ref))
         fp16_tier = self.runtime_format == "tensorrt"
 
-        def score(model: onnx.ModelProto, fp16_nodes: list[str] | None = None) -> tuple[float, list[str], dict[str, Any]]:
-            got = run_model(make_session(target_arithmetic(model, fp16_nodes or [])), data)[out_name]
-            m = compare_outputs(ref[out_name], got, kind, data.labels)
+        def score(model: onnx.ModelProto, fp16_nodes: list[str] | None = None, on: Dataset | None = None,
+                  expected: dict[str, Any] | None = None) -> tuple[float, list[str], dict[str, Any]]:
+            on = on if on is not None else data
+            expected = expected if expected is not None else ref
+            got = run_model(make_session(target_arithmetic(model, fp16_nodes or [])), on)[out_name]
+            m = compare_outputs(expected[out_name], got, kind, on.labels)
             err = m["mean_kl"] if "mean_kl" in m else 1.0 - m["cosine"]
             misses = goal_failures(m, goal)
             if err > budget:
@@ -310,12 +316,15 @@ class Quantizer:
             return MixedResult(full, [], {}, steps)
         # Variants of the one quantized model (``partial_quant``): no quantizer run per question.
         float_model = self.float_model
+        # Ranking needs fewer samples than the goal check: the first SENSITIVITY_SAMPLES of the search data.
+        rank_data = data.slice(0, min(len(data), SENSITIVITY_SAMPLES))
+        rank_ref = {k: (v[: len(rank_data)]) for k, v in ref.items()}
         sensitivity: dict[str, float] = {}
         for i, (name, nodes) in enumerate(groups.items()):
             self._progress(f"sensitivity {i + 1}/{len(groups)}: {name}")
             self._bar("layer sensitivity", i, len(groups))
             only = with_float_nodes(full, float_model, float_nodes_except(full, nodes))
-            sensitivity[name] = score(only)[0]
+            sensitivity[name] = score(only, None, rank_data, rank_ref)[0]
         self._bar("layer sensitivity", len(groups), len(groups))
         order = sorted(sensitivity, key=lambda k: -sensitivity[k])
         tiers: dict[str, str] = {}
@@ -343,7 +352,7 @@ class Quantizer:
         for name in order[:limit]:
             tier = "fp32"
             if fp16_tier:
-                fp16_sensitivity[name] = score(self.model, groups[name])[0]
+                fp16_sensitivity[name] = score(self.model, groups[name], rank_data, rank_ref)[0]
                 tier = "fp16" if fp16_sensitivity[name] <= FP16_SENSITIVITY_SHARE * budget else "fp32"
             tiers[name] = tier
             model, err, misses, metrics = attempt()

@@ -163,3 +163,17 @@ def test_two_inputs_and_opsets_10_to_21_quantize(opset, form):
     assert np.abs(ref - got).max() < 0.1 * np.abs(ref).max()
     if form == "tensorrt":
         assert check_qdq(quantized, ["8.6.2", "10.3.0"], "8.7") == []
+
+
+def test_bias_correction_means_come_from_the_calibration_pass(digits):
+    """One pass gives the ranges and the per-channel input means bias correction needs, counted once."""
+    from cuvil_edge.packager.bias_correction import conv_input_means
+
+    model, calib = digits
+    convs = [n for n in model.graph.node if n.op_type == "Conv"]
+    collector = collect_ranges(model, calib, channel_means_of={n.input[0] for n in convs})
+    means = collector.channel_means()
+    expected = conv_input_means(model, calib)
+    assert set(expected) == {n.name for n in convs}
+    for conv in convs:
+        np.testing.assert_allclose(means[conv.input[0]], expected[conv.name], rtol=1e-6)
