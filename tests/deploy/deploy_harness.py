@@ -30,6 +30,8 @@ import asyncssh
 from cuvil_edge.deploy.transport import DeviceAddress
 
 SSHD = "/usr/sbin/sshd"
+REPO = Path(__file__).resolve().parents[2]
+PAUSE_ENV = "CUVIL_EDGE_TEST_PAUSE_DIR"
 SFTP_SERVER = "/usr/lib/openssh/sftp-server"
 
 
@@ -78,6 +80,11 @@ class SshDevice:
     def store(self) -> Path:
         return self.root / "var/lib/cuvil-edge"
 
+    @property
+    def pause_dir(self) -> Path:
+        """Where the device-side deploy step's test-only pause hook looks (``<step>.pause`` files)."""
+        return self.workdir / "pause"
+
     def address(self, client_key: Path, known_hosts: Path, daemon_port: int = 8000) -> DeviceAddress:
         return DeviceAddress(
             host="127.0.0.1", port=self.port, user="root", name=self.name, root=str(self.root),
@@ -110,6 +117,7 @@ def start_sshd(workdir: Path, name: str, client_pub: str, sftp: bool = True) -> 
     root = base / "root"
     (root / "var/lib").mkdir(parents=True, exist_ok=True)
     host_pub = make_key(base / "ssh_host_ed25519_key")
+    (base / "pause").mkdir(exist_ok=True)
     (base / "authorized_keys").write_text(client_pub + "\n")
     last_err = ""
     for _ in range(5):
@@ -134,6 +142,11 @@ def start_sshd(workdir: Path, name: str, client_pub: str, sftp: bool = True) -> 
                     "UseDNS no",
                     "LogLevel ERROR",
                     f"Subsystem sftp {SFTP_SERVER}" if sftp else "",
+                    # The device's "system" Python is this interpreter with this checkout's
+                    # cuvil_edge, as if installed on the board; the test-only pause hook of the
+                    # device-side deploy step reads a directory per device.
+                    f"SetEnv PATH={Path(sys.executable).parent}:/usr/sbin:/usr/bin:/sbin:/bin "
+                    f"PYTHONPATH={REPO} {PAUSE_ENV}={base / 'pause'}",
                     "",
                 ]
             )
