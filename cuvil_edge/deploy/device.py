@@ -341,6 +341,51 @@ async def _ondevice(tr: SSHTransport, args: list[str], timeout: float, stdin: st
     return dict(answer)
 
 
+async def _ondevice_acked(tr: SSHTransport, args: list[str], timeout: float, first_line: str | None = None
+                          ) -> dict[str, Any]:
+    """Run an ``ondevice`` step that answers with an outcome, and acknowledge the outcome once read.
+
+    The step prints one JSON line and, when it reports a finished outcome, waits for ``ack`` on its
+    stdin before it marks the outcome seen: if the link drops before that, the outcome stays
+    unseen and the next deploy reports it.
+    """
+    import json
+    import shlex
+
+    a = tr.address
+    if tr.conn is None:
+        raise Unreachable(f"{a.label}: not connected")
+    argv = [a.python, "-m", "cuvil_edge.deploy.ondevice", *args, "--ack-stdin"]
+    try:
+        proc = await tr.conn.create_process(shlex.join(argv))
+        try:
+            if first_line is not None:
+                proc.stdin.write(first_line + "\n")
+            line = await asyncio.wait_for(proc.stdout.readline(), timeout)
+            if not line:
+                await asyncio.wait_for(proc.wait(check=False), 10)
+                if proc.exit_status is None and proc.exit_signal is None:
+                    raise Unreachable(f"{a.label}: the connection closed during the device step")
+                err = (await proc.stderr.read()).strip().splitlines()[-1:] or [f"exit {proc.exit_status}"]
+                raise DeployError(
+                    f"{a.label}: the device step `{a.python} -m cuvil_edge.deploy.ondevice {args[0]}` failed: "
+                    f"{err[0][:300]}; the device needs cuvil-edge in that Python (pass --device-python PATH)")
+            try:
+                answer = dict(json.loads(line))
+            except ValueError as exc:
+                raise DeployError(f"{a.label}: the device step printed something that is not JSON: "
+                                  f"{line[:200]}") from exc
+            if answer.get("state") == "done":
+                proc.stdin.write("ack\n")
+            proc.stdin.write_eof()
+            await asyncio.wait_for(proc.wait(check=False), 30)
+            return answer
+        finally:
+            proc.close()
+    except (asyncssh.Error, OSError, asyncio.TimeoutError) as exc:
+        raise tr._error("run", f"ondevice {args[0]}", exc) from exc
+
+
 async def _activate_on_device(tr: SSHTransport, name: str, version: str, sha256: str | None,
                               options: DeployOptions, res: DeviceResult, progress: Progress,
                               lock: DeviceLock | None) -> dict[str, Any]:
@@ -368,10 +413,10 @@ async def _activate_on_device(tr: SSHTransport, name: str, version: str, sha256:
     if lock is not None:
         argv += ["--lock-token", lock.token]
     try:
-        answer = await _ondevice(tr, argv, wait + 60, stdin=(options.daemon_token or "") + "\n")
+        answer = await _ondevice_acked(tr, argv, wait + 60, first_line=options.daemon_token or "")
         while answer.get("state") == "pending":
-            answer = await _ondevice(tr, ["wait", "--store", a.store_root, "--name", name, "--txn", txn,
-                                          "--timeout", "20"], 80)
+            answer = await _ondevice_acked(tr, ["wait", "--store", a.store_root, "--name", name, "--txn", txn,
+                                                "--timeout", "20"], 80)
     except Unreachable as exc:
         progress(a.label, "link lost; reconnecting", 0, 0)
         answer = await _reconnect_and_wait(a, name, txn, options, exc, deadline_at, lock)
@@ -399,8 +444,9 @@ async def _reconnect_and_wait(address: DeviceAddress, name: str, txn: str, optio
         try:
             async with SSHTransport(address, max(1.0, min(options.connect_timeout, left))) as tr:
                 while True:
-                    answer = await _ondevice(tr, ["wait", "--store", address.store_root, "--name", name, "--txn",
-                                                  txn, "--timeout", f"{max(1.0, min(20.0, left)):g}"], 80)
+                    answer = await _ondevice_acked(tr, ["wait", "--store", address.store_root, "--name", name,
+                                                        "--txn", txn, "--timeout", f"{max(1.0, min(20.0, left)):g}"],
+                                                   80)
                     if answer.get("state") != "pending":
                         if answer.get("state") == "unknown" and lock is not None:
                             with contextlib.suppress(DeployError, asyncssh.Error, OSError):

@@ -28,6 +28,8 @@ from typing import Any
 
 __all__ = ["main"]
 
+ACK_WAIT_S = 15.0
+
 
 def _probe(args: argparse.Namespace) -> int:
     from cuvil_edge.bundle import Manifest
@@ -144,19 +146,36 @@ def _activate(args: argparse.Namespace) -> int:
         print(json.dumps({"txn": req.txn, "state": "refused",
                           "outcome": {"status": "failed", "reason": f"could not start the deploy step: {exc}"}}))
         return 1
-    out = act.wait_outcome(req.store, req.name, req.txn, args.wait) if args.wait > 0 else \
+    out = act.wait_outcome(req.store, req.name, req.txn, args.wait, ack=False) if args.wait > 0 else \
         {"txn": req.txn, "state": "pending"}
     out["launch"] = how
     if note:
         out["lock_note"] = note
-    print(json.dumps(out))
+    _answer(args, req.store, req.name, req.txn, out)
     return 0
+
+
+def _answer(args: argparse.Namespace, store: str, name: str, txn: str, out: dict[str, Any]) -> None:
+    """Print the answer; with ``--ack-stdin`` mark the outcome seen only once the caller says it
+    read it (a line ``ack`` on stdin): the caller's link may have dropped while we waited, and an
+    outcome its host never saw must stay for the next run to adopt."""
+    print(json.dumps(out), flush=True)
+    if not args.ack_stdin or out.get("state") != "done":
+        return
+    import select
+
+    ready, _, _ = select.select([sys.stdin], [], [], ACK_WAIT_S)
+    if ready and sys.stdin.readline().strip() == "ack":
+        from cuvil_edge.deploy.activate import mark_seen
+
+        mark_seen(store, name, txn)
 
 
 def _wait(args: argparse.Namespace) -> int:
     from cuvil_edge.deploy.activate import wait_outcome
 
-    print(json.dumps(wait_outcome(args.store, args.name, args.txn, args.timeout, ack=not args.no_ack)))
+    out = wait_outcome(args.store, args.name, args.txn, args.timeout, ack=not (args.no_ack or args.ack_stdin))
+    _answer(args, args.store, args.name, args.txn, out)
     return 0
 
 
@@ -197,6 +216,8 @@ def main(argv: list[str] | None = None) -> int:
     ac.add_argument("--by", default="ondevice activate", help="who asked, for the state file's events")
     ac.add_argument("--launcher", choices=("auto", "systemd-run", "setsid"), default="auto")
     ac.add_argument("--wait", type=float, default=0.0, help="seconds to wait for the outcome and print it")
+    ac.add_argument("--ack-stdin", action="store_true",
+                    help="mark the outcome seen only when the caller writes 'ack' on stdin after reading it")
     ac.add_argument("--foreground", action="store_true", help=argparse.SUPPRESS)
     wa = sub.add_parser("wait", help="print the outcome of a transaction, waiting up to --timeout")
     wa.add_argument("--store", default="/var/lib/cuvil-edge")
@@ -204,6 +225,8 @@ def main(argv: list[str] | None = None) -> int:
     wa.add_argument("--txn", required=True)
     wa.add_argument("--timeout", type=float, default=30.0)
     wa.add_argument("--no-ack", action="store_true", help="do not mark the outcome as seen")
+    wa.add_argument("--ack-stdin", action="store_true",
+                    help="mark the outcome seen only when the caller writes 'ack' on stdin after reading it")
     ak = sub.add_parser("ack", help="mark the outcome of a transaction as seen")
     ak.add_argument("--store", default="/var/lib/cuvil-edge")
     ak.add_argument("--name", required=True)

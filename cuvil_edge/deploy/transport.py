@@ -310,6 +310,9 @@ class SSHTransport:
             res = await self.conn.run(shlex.join(argv), check=False, timeout=timeout, input=input)
         except (OSError, asyncssh.Error, asyncio.TimeoutError) as exc:
             raise self._error("run", argv[0], exc) from exc
+        if res.exit_status is None and res.exit_signal is None:
+            # The channel closed with neither an exit status nor a signal: the link dropped.
+            raise Unreachable(f"{self.address.label}: run {argv[0]}: the connection closed before the command ended")
         return CommandResult(
             exit_status=res.exit_status if res.exit_status is not None else -1,
             stdout=str(res.stdout or ""),

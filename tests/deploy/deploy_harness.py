@@ -283,6 +283,88 @@ class CuttingProxy:
         await asyncio.gather(pump(reader, up_w, True), pump(up_r, writer, False))
 
 
+class LinkProxy:
+    """A loopback TCP proxy whose link the test cuts and heals on demand.
+
+    :meth:`cut` drops every connection through it (both sides closed at once, as when a cellular
+    modem loses its carrier) and, until :meth:`heal`, drops new ones as soon as they arrive, so the
+    host's reconnects fail the way they would against a dead link. Runs on the caller's loop.
+    """
+
+    def __init__(self, target_port: int) -> None:
+        self.target_port = target_port
+        self.port = 0
+        self.down = False
+        self.cuts = 0
+        self._server: asyncio.base_events.Server | None = None
+        self._pairs: set[tuple[asyncio.StreamWriter, asyncio.StreamWriter]] = set()
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    async def start(self) -> int:
+        self._server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
+        self.port = self._server.sockets[0].getsockname()[1]
+        return self.port
+
+    def cut(self) -> None:
+        self.down = True
+        self.cuts += 1
+        for pair in list(self._pairs):
+            for w in pair:
+                w.transport.abort()
+
+    def heal(self) -> None:
+        self.down = False
+
+    async def close(self) -> None:
+        self.cut()
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        if task is not None:
+            self._tasks.add(task)
+        try:
+            await self._serve(reader, writer)
+        finally:
+            if task is not None:
+                self._tasks.discard(task)
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if self.down:
+            writer.transport.abort()
+            return
+        try:
+            up_r, up_w = await asyncio.open_connection("127.0.0.1", self.target_port)
+        except OSError:
+            writer.transport.abort()
+            return
+        pair = (writer, up_w)
+        self._pairs.add(pair)
+
+        async def pump(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+            try:
+                while True:
+                    data = await src.read(65536)
+                    if not data or self.down:
+                        break
+                    dst.write(data)
+                    await dst.drain()
+            except (ConnectionError, OSError):
+                pass
+            finally:
+                for w in pair:
+                    w.transport.abort()
+
+        try:
+            await asyncio.gather(pump(reader, up_w), pump(up_r, writer))
+        finally:
+            self._pairs.discard(pair)
+
+
 def make_bundle(out: Path, secret_key: Path, version: str, *, name: str = "digits", target: str = "x86-host",
                 bad_expected: bool = False, padding: int = 0, model: Path | None = None,
                 jetpack: str | None = None) -> Path:
