@@ -418,16 +418,18 @@ def launch(req: ActivateRequest, python: str | None = None, launcher: str = "aut
     """Start the transaction detached from this process's session; returns how it was started.
 
     ``auto`` uses a transient systemd unit (``systemd-run``) where systemd is PID 1 and we are root,
-    so logind's session cleanup cannot kill it; otherwise a new session (``setsid``) with its own log.
+    so logind's session cleanup cannot kill it; otherwise this process forks a child that starts a
+    new session (``setsid``) with its own log and runs the transaction: no second interpreter to
+    start, which a loaded small board feels. The caller holds the device lock for ``req.txn``.
     """
-    python = python or sys.executable
-    cmd = [python, "-m", "cuvil_edge.deploy.ondevice", "activate", "--foreground", *req.argv()]
-    env = dict(os.environ)
-    if req.token:
-        env["CUVIL_EDGE_DAEMON_TOKEN"] = req.token
     use_systemd = launcher == "systemd-run" or (
         launcher == "auto" and _systemd_running(req.root) and os.geteuid() == 0 and shutil.which("systemd-run"))
     if use_systemd:
+        python = python or sys.executable
+        cmd = [python, "-m", "cuvil_edge.deploy.ondevice", "activate", "--foreground", *req.argv()]
+        env = dict(os.environ)
+        if req.token:
+            env["CUVIL_EDGE_DAEMON_TOKEN"] = req.token
         unit = f"cuvil-edge-activate-{req.txn}"
         pass_env = [f"--setenv={k}={env[k]}" for k in ("CUVIL_EDGE_DAEMON_TOKEN", PAUSE_ENV, "PYTHONPATH") if k in env]
         out = subprocess.run(["systemd-run", f"--unit={unit}", "--collect", "--quiet", "--service-type=exec",
@@ -436,10 +438,41 @@ def launch(req: ActivateRequest, python: str | None = None, launcher: str = "aut
             raise OSError(f"systemd-run failed: {out.stderr.strip()[:300]}")
         return {"launcher": "systemd-run", "unit": unit}
     log_path = _log_path(req.store, req.txn)
-    with open(log_path, "ab") as log:
-        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,
-                                cwd="/", start_new_session=True, close_fds=True)
-    return {"launcher": "setsid", "pid": proc.pid, "log": log_path}
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:  # the detached step
+        code = 1
+        try:
+            os.setsid()
+            log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+            null_fd = os.open(os.devnull, os.O_RDONLY)
+            os.dup2(null_fd, 0)
+            os.dup2(log_fd, 1)
+            os.dup2(log_fd, 2)
+            code = run_detached(req)
+        except BaseException:  # noqa: BLE001 - the log is the only place left to say it
+            import traceback
+
+            traceback.print_exc()
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)
+    return {"launcher": "setsid", "pid": pid, "log": log_path}
+
+
+def run_detached(req: ActivateRequest) -> int:
+    """The detached step's body: make the launcher's lock its own, run, release; exit code."""
+    if not adopt_lock(req.store, req.txn):
+        print(f"txn {req.txn}: the device lock is not held for this transaction; nothing done", file=sys.stderr)
+        return 1
+    try:
+        outcome = run_activate(req)
+    finally:
+        release_lock(req.store, req.txn)
+    print(json.dumps(outcome), flush=True)
+    return 0 if outcome.get("status") == "deployed" else 1
 
 
 def wait_outcome(store: str, name: str, txn: str, timeout: float, poll: float = 0.05, ack: bool = True

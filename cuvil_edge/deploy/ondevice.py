@@ -121,17 +121,8 @@ def _activate(args: argparse.Namespace) -> int:
             "status": "refused", "reason": f"--health-timeout {args.health_timeout:g} s must end "
             f"{act.GATE_MARGIN_S:g} s before --deadline {args.deadline:g} s"}}))
         return 1
-    if args.foreground:
-        # The detached step: make the lock the launcher took for this txn its own, then run.
-        if not act.adopt_lock(req.store, req.txn):
-            print(f"txn {req.txn}: the device lock is not held for this transaction; nothing done", file=sys.stderr)
-            return 1
-        try:
-            outcome = act.run_activate(req)
-        finally:
-            act.release_lock(req.store, req.txn)
-        print(json.dumps(outcome))
-        return 0 if outcome.get("status") == "deployed" else 1
+    if args.foreground:  # the detached step as a transient systemd unit
+        return act.run_detached(req)
     expires = time.time() + args.deadline + act.LOCK_GRACE_S
     try:
         note = act.take_lock(req.store, req.txn, expires, args.lock_token)
