@@ -137,7 +137,9 @@ def _activate(args: argparse.Namespace) -> int:
         print(json.dumps({"txn": req.txn, "state": "refused",
                           "outcome": {"status": "failed", "reason": f"could not start the deploy step: {exc}"}}))
         return 1
-    out = act.wait_outcome(req.store, req.name, req.txn, args.wait, ack=False) if args.wait > 0 else \
+    # Without --ack-stdin (Ansible reads the answer at once, or fails the host) the outcome counts
+    # as seen when printed; with it, only once the caller confirms it read it.
+    out = act.wait_outcome(req.store, req.name, req.txn, args.wait, ack=not args.ack_stdin) if args.wait > 0 else \
         {"txn": req.txn, "state": "pending"}
     out["launch"] = how
     if note:
