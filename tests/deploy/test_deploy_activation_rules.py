@@ -118,3 +118,46 @@ def test_daemon_side_imports_no_deploy_host_code():
             "print(bad); sys.exit(1 if bad else 0)")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+class TestDeviceLockOnTheDevice:
+    """``deploy/activate.py``'s side of ``<store>/deploy/lock``: handover by token, busy, stale."""
+
+    def test_handover_busy_and_stale(self, tmp_path):
+        import socket
+
+        import pytest
+
+        from cuvil_edge.deploy import activate
+
+        store = str(tmp_path)
+        lock = tmp_path / "deploy/lock"
+        lock.parent.mkdir(parents=True)
+        host_record = {"host": "laptop", "pid": 1, "expires": time.time() + 600, "token": "t0k3n", "where": "host"}
+        lock.write_text(json.dumps(host_record))
+        with pytest.raises(activate.LockBusy, match="laptop"):
+            activate.take_lock(store, "txn00001", time.time() + 60)
+        assert activate.take_lock(store, "txn00001", time.time() + 60, handover_token="t0k3n") == ""
+        held = json.loads(lock.read_text())
+        assert (held["txn"], held["where"]) == ("txn00001", "device")
+        # A live process of this machine holds it: busy; once that process is gone: taken over.
+        with pytest.raises(activate.LockBusy):
+            activate.take_lock(store, "txn00002", time.time() + 60)
+        proc = subprocess.Popen([sys.executable, "-c", "pass"])
+        proc.wait()
+        held.update(pid=proc.pid, host=socket.gethostname())
+        lock.write_text(json.dumps(held))
+        assert "gone" in activate.take_lock(store, "txn00002", time.time() + 60)
+        activate.release_lock(store, "txn00001")  # not the holder: nothing happens
+        assert lock.exists()
+        activate.release_lock(store, "txn00002")
+        assert not lock.exists()
+
+    def test_wait_reports_a_transaction_that_never_started(self, tmp_path):
+        from cuvil_edge.deploy.activate import wait_outcome
+
+        store = _store(tmp_path)
+        t0 = time.monotonic()
+        out = wait_outcome(str(store), "digits", "neverstarted", timeout=30)
+        assert out["state"] == "unknown" and out["current"] == "1.1.0"
+        assert time.monotonic() - t0 < 10
