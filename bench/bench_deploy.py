@@ -365,6 +365,7 @@ def main() -> int:
     sizes = [int(x) for x in args.sizes.split(",") if x]
     work = Path(tempfile.mkdtemp(prefix="bench-deploy-"))
     t_start = time.time()
+    load_at_start = os.getloadavg()
     print(f"starting {max(sizes)} devices (sshd + cuvil-edged) ...", flush=True)
     bench = Bench(work, max(sizes))
     emulator: Links | None = None
@@ -435,7 +436,7 @@ def main() -> int:
             "benchmark": "deploy",
             "devices_idle_cpu_per_s": round(bench.idle_cpu_rate, 3),
             "machine": {"platform": platform.platform(), "cpus": os.cpu_count(),
-                        "load_avg_at_end": os.getloadavg()},
+                        "load_avg_at_start": load_at_start, "load_avg_at_end": os.getloadavg()},
             "bundle": {"bytes": size, "payload_mb": args.payload_mb, "model": "digits CNN + random payload"},
             "links": {"bare": "loopback", "emulated": {
                 "rate_mbit": args.rate_mbit, "rtt_ms": args.rtt_ms, "per_device": True,
