@@ -10,7 +10,10 @@ counters every connection shares. Lifespan is a small state machine::
 ``READY=1`` goes to systemd only once every model loaded and warmed; the tick loop (every
 ``--tick`` seconds) sweeps idle connections, feeds telemetry to the memory co-scheduler and the
 prefetch controller, applies their decisions, and sends ``WATCHDOG=1`` only while the serving
-loop makes progress (no batch stuck longer than the watchdog allows). SIGTERM stops accepting,
+loop makes progress (no batch stuck longer than the watchdog allows). At start and every second
+of ticks it reverts a deploy switch left pending past its confirm deadline
+(``cuvil_edge/bundle/activation.py``) and reloads the store, so a crashed deploy step, a lost
+link or a reboot never leaves an unconfirmed version serving. SIGTERM stops accepting,
 lets in-flight requests finish (up to ``--drain-timeout``), closes connections, frees backends.
 """
 
@@ -28,6 +31,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from cuvil_edge.bundle.activation import revert_expired
 from cuvil_edge.daemon.config import Config
 from cuvil_edge.daemon.gpu_metrics import GpuMetrics, power_limit_w
 from cuvil_edge.daemon.http import HttpProtocol
@@ -45,6 +49,7 @@ __all__ = ["STARTUP_FAILURE", "Server", "ServerState"]
 log = logging.getLogger("cuvil_edge.daemon")
 
 STARTUP_FAILURE = 3  # exit code, as uvicorn's
+REVERT_CHECK_S = 1.0  # how often the tick looks for deploy switches past their confirm deadline
 
 
 def freeze_heap() -> None:
@@ -109,6 +114,7 @@ class Server:
         self._tasks: set[asyncio.Task[Any]] = set()
         self.bound: list[str] = []
         self.started_at = time.time()
+        self._revert_warned = False
 
     # ------------------------------------------------------------------ entry point
 
@@ -164,6 +170,7 @@ class Server:
                        max_body=cfg.max_body_bytes, shm=self.shm)
         await self._listen(loop)
         await self._listen_grpc()
+        self.revert_expired_switches()  # before loading: a reboot mid-deploy ends on the gated version
         self.resources.notify("STATUS=loading models")
         names = cfg.models or self.store.names()
         for name in names:
@@ -288,12 +295,34 @@ class Server:
 
     async def _tick_loop(self) -> None:
         cfg = self.config
+        next_check = time.monotonic() + REVERT_CHECK_S
         while True:
             await asyncio.sleep(cfg.tick)
             try:
                 self.tick()
             except Exception:
                 log.exception("tick failed")
+            if time.monotonic() >= next_check:
+                next_check = time.monotonic() + REVERT_CHECK_S
+                if self.revert_expired_switches():
+                    # As SIGHUP does, in its own task: the tick keeps feeding the watchdog meanwhile.
+                    task = asyncio.ensure_future(self.reload())
+                    self._tasks.add(task)
+                    task.add_done_callback(self._tasks.discard)
+
+    def revert_expired_switches(self) -> bool:
+        """Revert deploy switches left pending past their confirm deadline (``bundle/activation.py``);
+        True when something was reverted (the caller reloads the store)."""
+        try:
+            done = revert_expired(self.config.store)
+        except OSError as exc:
+            if not self._revert_warned:
+                log.error("cannot revert pending deploy switches in %s: %s", self.config.store, exc)
+                self._revert_warned = True
+            return False
+        for r in done:
+            log.warning("reverted unconfirmed switch of %s to %s: %s", r.name, r.version, r.reason)
+        return bool(done)
 
     def tick(self) -> None:
         """One serving-loop tick: idle sweep, telemetry and scheduler, watchdog."""

@@ -13,6 +13,7 @@ import typer
 __all__ = ["register"]
 
 _ENV = "CUVIL_EDGE_"
+OUTCOME_STATUSES = ("deployed", "unchanged", "rolled-back", "refused", "unreachable", "failed", "skipped")
 
 
 def _opt(default: Any, *flags: str, help: str, env: str | None = None, **kw: Any) -> Any:  # noqa: A002
@@ -36,11 +37,17 @@ DAEMON_PORT = _opt(None, "--daemon-port", help="Daemon HTTP port on the device's
 DAEMON_TOKEN = _opt(None, "--daemon-token", help="Bearer token of the daemon.", env="DAEMON_TOKEN")
 CONNECT_TIMEOUT = _opt(15.0, "--connect-timeout", help="SSH connect timeout, seconds.", env="CONNECT_TIMEOUT")
 HEALTH_TIMEOUT = _opt(60.0, "--health-timeout", help="Seconds the health gate may take.", env="HEALTH_TIMEOUT")
+CONFIRM_DEADLINE = _opt(120.0, "--confirm-deadline", help="Seconds a switch may stay unconfirmed on the device; "
+                        "past it the device reverts it by itself (even after a lost link or a reboot).",
+                        env="CONFIRM_DEADLINE")
+DEVICE_PYTHON = _opt(None, "--device-python", help="The device's Python that has cuvil-edge (runs the "
+                     "device-side step). Defaults to python3.", env="DEVICE_PYTHON")
 AS_JSON = _opt(False, "--json", help="Print JSON instead of tables.")
 
 
 def _devices(to: list[str] | None, inventory: Path | None, identity: Path | None, known_hosts: Path | None,
-             no_host_key_check: bool, root: str | None, store: str | None, daemon_port: int | None) -> list:
+             no_host_key_check: bool, root: str | None, store: str | None, daemon_port: int | None,
+             device_python: str | None = None) -> list:
     from cuvil_edge.deploy.fleet import load_inventory
     from cuvil_edge.deploy.transport import parse_address
     from cuvil_edge.errors import DeployError
@@ -51,6 +58,7 @@ def _devices(to: list[str] | None, inventory: Path | None, identity: Path | None
         "root": root,
         "store": store,
         "daemon_port": daemon_port,
+        "python": device_python,
     }
     devices = []
     if inventory is not None:
@@ -86,6 +94,8 @@ def deploy_cmd(
     keep: int = _opt(3, "--keep", help="Versions kept per device (current and previous always stay).",
                      env="KEEP"),
     health_timeout: float = HEALTH_TIMEOUT,
+    confirm_deadline: float = CONFIRM_DEADLINE,
+    device_python: str = DEVICE_PYTHON,
     connect_timeout: float = CONNECT_TIMEOUT,
     concurrency: int = _opt(8, "--concurrency", help="Devices deployed at once.", env="CONCURRENCY"),
     canary: int = _opt(1, "--canary", help="Devices that must succeed one by one before the rest.",
@@ -97,11 +107,15 @@ def deploy_cmd(
     report: Path = _opt(None, "--report", help="Write the JSON report here.", env="REPORT"),
     as_json: bool = AS_JSON,
 ) -> None:
-    """Deploy a bundle to devices over SSH: verify, send, switch atomically, health-gate, roll back.
+    """Deploy a bundle to devices over SSH: verify, send, then the device switches, health-gates and
+    confirms or switches back by itself.
 
     Devices come from --to and --inventory. A canary goes first, then batches; a batch with too
-    many failures stops the rollout. Uploads resume; re-running finishes only what is left.
+    many failures stops the rollout. Uploads resume; re-running finishes only what is left and
+    reports outcomes that a lost link hid. A switch not confirmed within --confirm-deadline is
+    reverted by the device.
     """
+    from rich.markup import escape
     from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeElapsedColumn
 
     from cuvil_edge.deploy.device import DeployOptions, prepare_bundle
@@ -112,40 +126,52 @@ def deploy_cmd(
     t0 = time.monotonic()
     if pub is None and not allow_unsigned:
         raise DeployError("pass --pub KEY to check the bundle's signature (or --allow-unsigned)")
-    devices = _devices(to, inventory, identity, known_hosts, no_host_key_check, root, store, daemon_port)
+    devices = _devices(to, inventory, identity, known_hosts, no_host_key_check, root, store, daemon_port,
+                       device_python)
     prepared = prepare_bundle(bundle, pub)
     options = DeployOptions(keep=keep, health_timeout=health_timeout, daemon_token=daemon_token,
-                            connect_timeout=connect_timeout)
+                            connect_timeout=connect_timeout, confirm_deadline=confirm_deadline)
+    options.check()
     policy = RolloutPolicy(concurrency=concurrency, canary=canary, batch_size=batch_size,
                            max_fail_share=max_fail_share)
     policy.check()
     console = _console()
+    # One line per device per state change above one overall bar (gone at the end); the table
+    # follows. --json prints the report only.
     with Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TimeElapsedColumn(),
-                  console=console if not as_json else None, disable=as_json, transient=False) as bar:
+                  console=console if not as_json else None, disable=as_json, transient=True) as bar:
         overall = bar.add_task(f"{prepared.name} {prepared.version} → {len(devices)} device(s)",
                                total=len(devices) * prepared.size)
-        per: dict[str, Any] = {}
         shown: dict[str, int] = {}
-        detail = len(devices) <= 24
+        last_stage: dict[str, str] = {}
+
+        def say(device: str, text: str) -> None:
+            if not as_json:
+                bar.console.print(f"{escape(device)}: {text}", highlight=False)
 
         def progress(device: str, stage: str, done: int, total: int) -> None:
-            if detail and device not in per:
-                per[device] = bar.add_task(f"  {device}", total=prepared.size)
-            if stage == "upload" or stage in ("switch", "health", "extract"):
+            if stage in ("upload", "extract", "activate"):
                 step = max(0, done - shown.get(device, 0))
                 shown[device] = max(shown.get(device, 0), done)
                 bar.advance(overall, step)
-            if detail:
-                bar.update(per[device], completed=min(done, prepared.size) if stage != "probe" else 0,
-                           description=f"  {device}: {stage}")
+            if stage in OUTCOME_STATUSES or last_stage.get(device) == stage:
+                return  # the final line comes from on_result
+            last_stage[device] = stage
+            detail = {"upload": f" {_size(total)}" + (f" from {_size(done)}" if done else ""),
+                      "activate": f" (switch, gate, confirm on the device; deadline {confirm_deadline:g} s)"}
+            say(device, f"{escape(stage)}{detail.get(stage, '')}")
 
         def on_result(r: Any) -> None:
             left = prepared.size - shown.get(r.device, 0)
             bar.advance(overall, max(0, left))  # the overall bar counts devices finished, whatever the end
-            if detail and r.device in per:
-                bar.update(per[r.device], completed=shown.get(r.device, 0) if not r.ok else prepared.size,
-                           description=f"  {r.device}: {r.status}")
             shown[r.device] = prepared.size
+            color = "green" if r.ok else ("yellow" if r.status in ("rolled-back", "skipped") else "red")
+            text = f"[{color}]{r.status}[/] {escape(r.version or '')}"
+            if r.ok and r.previous:
+                text += f" (previous {escape(r.previous)})"
+            if r.reason and not r.ok:
+                text += f": {escape(r.reason)}"
+            say(r.device, f"{text} in {r.seconds:.1f} s")
 
         result = run_sync(rollout(prepared, devices, options, policy, progress, on_result))
     if report is not None:
@@ -220,16 +246,23 @@ def rollback_cmd(
     daemon_port: int = DAEMON_PORT,
     daemon_token: str = DAEMON_TOKEN,
     health_timeout: float = HEALTH_TIMEOUT,
+    confirm_deadline: float = CONFIRM_DEADLINE,
+    device_python: str = DEVICE_PYTHON,
     connect_timeout: float = CONNECT_TIMEOUT,
     as_json: bool = AS_JSON,
 ) -> None:
-    """Switch a model back to its previous version (or --version) on each device, health-gated."""
+    """Switch a model back to its previous version (or --version) on each device, health-gated.
+
+    The switch runs on the device as a deploy's does: confirmed by the gate, or switched back.
+    """
     from cuvil_edge.deploy.device import DeployOptions, rollback_device
 
     t0 = time.monotonic()
-    devices = _devices(to, inventory, identity, known_hosts, no_host_key_check, root, store, daemon_port)
+    devices = _devices(to, inventory, identity, known_hosts, no_host_key_check, root, store, daemon_port,
+                       device_python)
     options = DeployOptions(health_timeout=health_timeout, daemon_token=daemon_token,
-                            connect_timeout=connect_timeout)
+                            connect_timeout=connect_timeout, confirm_deadline=confirm_deadline)
+    options.check()
     results = _on_each(devices, lambda d: rollback_device(d, name, version, options))
     if as_json:
         print(json.dumps([r.to_dict() for r in results], indent=2))
@@ -263,7 +296,8 @@ def status_cmd(
     connect_timeout: float = CONNECT_TIMEOUT,
     as_json: bool = AS_JSON,
 ) -> None:
-    """Per device: versions present, current and previous, daemon and model health, board facts."""
+    """Per device: versions present, current and previous, pending switches with their deadline,
+    the last deploy outcome, daemon and model health, board facts."""
     from cuvil_edge.deploy.device import DeployOptions, device_status
 
     devices = _devices(to, inventory, identity, known_hosts, no_host_key_check, root, store, daemon_port)
@@ -275,20 +309,26 @@ def status_cmd(
         from rich.table import Table
 
         t = Table(title="cuvil-edge devices")
-        for col in ("device", "board", "daemon", "model", "current", "previous", "versions", "ready"):
+        for col in ("device", "board", "daemon", "model", "current", "previous", "versions", "ready",
+                    "pending switch", "last outcome"):
             t.add_column(col, overflow="fold")
         for s in results:
             if not s.get("reachable"):
-                t.add_row(s["device"], "-", f"[red]unreachable[/]: {s.get('error', '')}", "", "", "", "", "")
+                t.add_row(s["device"], "-", f"[red]unreachable[/]: {s.get('error', '')}", "", "", "", "", "", "", "")
                 continue
             f = s.get("facts") or {}
             board = f"{f.get('profile') or f.get('arch')}" + (f" L4T {f['l4t']}" if f.get("l4t") else "")
             models = s.get("models") or [{}]
             for i, m in enumerate(models):
                 ready = {True: "[green]yes[/]", False: "[red]no[/]", None: "-"}[m.get("ready")]
+                p = m.get("pending")
+                pending = (f"[yellow]{p.get('version')}[/] (from {p.get('previous') or 'none'}) reverts at "
+                           f"{p.get('deadline_at')} unless confirmed") if p else "-"
+                o = m.get("last_outcome")
+                last = f"{o.get('status')} {o.get('version')} at {o.get('at')}" if o else "-"
                 t.add_row(s["device"] if i == 0 else "", board if i == 0 else "", s.get("daemon", "") if i == 0
                           else "", m.get("name", "-"), m.get("current") or "-", m.get("previous") or "-",
-                          ", ".join(m.get("versions", [])) or "-", ready)
+                          ", ".join(m.get("versions", [])) or "-", ready, pending, last)
         _console().print(t)
     _fail_unless(all(s.get("reachable") for s in results), "some devices are unreachable")
 

@@ -1,21 +1,24 @@
-"""One device: deploy a bundle (check, send, switch, health gate, roll back), roll back, status.
+"""One device: deploy a bundle (check, send, then the device switches, gates and commits), roll back, status.
 
-:func:`deploy_device` leaves a device serving the new version, or still serving the old one:
+:func:`deploy_device` leaves a device serving the new version marked healthy, or still serving
+the old one, whatever happens to the link:
 
 1. probe the device (architecture, board, L4T, TensorRT) and refuse a bundle that does not fit;
-2. unless that exact bundle (same signed manifest) is already installed, send the ``.cvb`` to
-   ``deploy/uploads/`` (resumable; sha256 checked on the device), extract it with ``tar`` into
-   ``deploy/staging/``, check every file's sha256 on the device and rename the directory to
-   ``bundles/<name>/<version>``;
-3. switch ``current`` in one atomic rename, ask the daemon to load the model
-   (``POST /v2/repository/models/{m}/load``, or ``systemctl reload-or-restart`` where the daemon
-   is down under systemd);
-4. run the health gate through an SSH port forward to the daemon; on failure switch back to the
-   previous version (or remove ``current`` when there was none), reload, and report why;
-5. record the previous version and prune old versions (never current or previous).
+2. take the device lock; unless that exact bundle (same signed manifest) is already installed,
+   send the ``.cvb`` to ``deploy/uploads/`` (resumable; sha256 checked on the device), extract it
+   with ``tar`` into ``deploy/staging/``, check every file's sha256 on the device and rename the
+   directory to ``bundles/<name>/<version>``;
+3. start the device-side step (``python -m cuvil_edge.deploy.ondevice activate``, detached from
+   the SSH session, the lock handed over to it): it records a pending switch with a confirm
+   deadline, switches ``current``, has the daemon load the model, runs the health gate with the
+   bundle's sample and either marks the version healthy (pruning old versions) or switches back;
+   the outcome goes to the state file atomically (``deploy/activate.py``);
+4. read the outcome; when the link drops, reconnect and read it then. A pending switch that
+   nobody confirms by its deadline is reverted by the device itself (the daemon, at start and on
+   its tick; ``bundle/activation.py``), and a later run reports an outcome its host never saw.
 
 The host verified the bundle's signature and checksums before any of this; the device only
-ever uses files whose sha256 it computed itself.
+ever uses files whose sha256 it computed itself. The host never writes the state file.
 """
 
 from __future__ import annotations
@@ -34,8 +37,8 @@ import asyncssh
 
 from cuvil_edge.bundle import verify_bundle
 from cuvil_edge.bundle.container import MANIFEST_NAME, SIGNATURE_NAME, iter_member_bytes
-from cuvil_edge.deploy.health import HealthResult, check_health, daemon_load, daemon_unload
-from cuvil_edge.deploy.layout import DeviceBusy, DeviceLock, DeviceStore, check_component, now_iso
+from cuvil_edge.deploy.activate import GATE_MARGIN_S
+from cuvil_edge.deploy.layout import DeviceActivating, DeviceBusy, DeviceLock, DeviceStore, check_component
 from cuvil_edge.deploy.probe import DeviceFacts, IncompatibleDevice, check_compatible, probe_device
 from cuvil_edge.deploy.transport import DeviceAddress, SSHTransport, Unreachable
 from cuvil_edge.deploy.upload import CorruptUpload, file_sha256, upload_resumable
@@ -113,12 +116,27 @@ class DeployOptions:
         health_timeout (float): seconds for the health gate. Defaults to 60.
         daemon_token (str): bearer token of the daemon. Defaults to None.
         connect_timeout (float): SSH connect timeout in seconds. Defaults to 15.
+        confirm_deadline (float): seconds a switch may stay unconfirmed on the device; past it the
+            device reverts it by itself (daemon start and tick). Defaults to 120.
+        reconnect_for (float): seconds the host keeps trying to reach a device whose link dropped
+            during its deploy step. Defaults to the confirm deadline plus 30 s.
     """
 
     keep: int = 3
     health_timeout: float = 60.0
     daemon_token: str | None = None
     connect_timeout: float = 15.0
+    confirm_deadline: float = 120.0
+    reconnect_for: float | None = None
+
+    def check(self) -> None:
+        """Raise DeployError when the gate could outlast the confirm deadline."""
+        if self.health_timeout <= 0:
+            raise DeployError(f"--health-timeout {self.health_timeout:g}: must be positive")
+        if self.health_timeout + GATE_MARGIN_S >= self.confirm_deadline:
+            raise DeployError(
+                f"--health-timeout {self.health_timeout:g} s must end at least {GATE_MARGIN_S:g} s before "
+                f"--confirm-deadline {self.confirm_deadline:g} s; raise the deadline or shorten the gate")
 
 
 @dataclass
@@ -137,6 +155,7 @@ class DeviceResult:
     notes: list[str] = field(default_factory=list)
     facts: dict[str, Any] | None = None
     health: dict[str, Any] | None = None
+    txn: str | None = None
 
     @property
     def ok(self) -> bool:
@@ -153,6 +172,17 @@ def _noop(device: str, stage: str, done: int, total: int) -> None:
     pass
 
 
+def _translate(res: DeviceResult, address: DeviceAddress, exc: BaseException) -> None:
+    if isinstance(exc, Unreachable):
+        res.status, res.reason = "unreachable", str(exc)
+    elif isinstance(exc, (IncompatibleDevice, DeviceBusy)):
+        res.status, res.reason = "refused", str(exc)
+    elif isinstance(exc, DeployError):
+        res.status, res.reason = "failed", str(exc)
+    else:  # a link that dies between the transport's own checks; one device never stops a fleet
+        res.status, res.reason = "unreachable", f"{address.label}: {type(exc).__name__}: {exc}"
+
+
 async def deploy_device(
     bundle: PreparedBundle,
     address: DeviceAddress,
@@ -165,20 +195,31 @@ async def deploy_device(
     res = DeviceResult(device=address.label, status="failed", version=bundle.version)
     t0 = time.monotonic()
     try:
+        options.check()
         async with SSHTransport(address, options.connect_timeout) as tr:
             await _deploy(tr, bundle, options, res, progress)
-    except Unreachable as exc:
-        res.status, res.reason = "unreachable", str(exc)
-    except (IncompatibleDevice, DeviceBusy) as exc:
-        res.status, res.reason = "refused", str(exc)
-    except DeployError as exc:
-        res.status, res.reason = "failed", str(exc)
-    except (asyncssh.Error, OSError, asyncio.TimeoutError) as exc:
-        # A link that dies between the transport's own checks; one device never stops a fleet.
-        res.status, res.reason = "unreachable", f"{address.label}: {type(exc).__name__}: {exc}"
+    except (DeployError, asyncssh.Error, OSError, asyncio.TimeoutError) as exc:
+        _translate(res, address, exc)
     res.seconds = round(time.monotonic() - t0, 3)
     progress(address.label, res.status, 1, 1)
     return res
+
+
+async def _take_lock(tr: SSHTransport, progress: Progress, total: int) -> DeviceLock:
+    """The device lock; while the device still runs an earlier run's deploy step, wait for it."""
+    lock = DeviceLock(tr)
+    waited = False
+    while True:
+        try:
+            await lock.acquire()
+            return lock
+        except DeviceActivating as exc:
+            if time.time() > exc.expires:
+                raise
+            if not waited:
+                progress(tr.address.label, "waiting for an earlier deploy step", 0, total)
+                waited = True
+            await asyncio.sleep(1.0)
 
 
 async def _deploy(tr: SSHTransport, bundle: PreparedBundle, options: DeployOptions, res: DeviceResult,
@@ -191,22 +232,23 @@ async def _deploy(tr: SSHTransport, bundle: PreparedBundle, options: DeployOptio
     res.facts = facts.to_dict()
     res.notes += check_compatible(bundle.manifest, facts, label)
     # Nothing on the device changes before this point: a refused device keeps no trace.
-    lock = DeviceLock(tr)
-    await lock.acquire()
+    lock = await _take_lock(tr, progress, bundle.size)
     try:
-        await _deploy_locked(tr, store, bundle, options, res, progress)
+        await _deploy_locked(tr, store, bundle, options, res, progress, lock)
     finally:
-        with contextlib.suppress(DeployError):
-            await lock.release()
+        with contextlib.suppress(DeployError, asyncssh.Error, OSError):
+            await lock.release()  # a no-op once the device-side step took the lock over
 
 
 async def _deploy_locked(tr: SSHTransport, store: DeviceStore, bundle: PreparedBundle, options: DeployOptions,
-                         res: DeviceResult, progress: Progress) -> None:
+                         res: DeviceResult, progress: Progress, lock: DeviceLock) -> None:
     label = tr.address.label
     name, version = bundle.name, bundle.version
     current = await store.current(name)
     state = await store.read_state(name)
     res.previous = current
+    if await _adopt(tr, state, bundle, current, res):
+        return
     on_device = await store.manifest_bytes(name, version)
     if on_device is None:
         quarantined = store.quarantine_dir(name, version)
@@ -217,7 +259,7 @@ async def _deploy_locked(tr: SSHTransport, store: DeviceStore, bundle: PreparedB
             res.notes.append("restored from quarantine (failed an earlier gate)")
     installed = on_device == bundle.manifest_bytes
     record = state["versions"].get(version, {})
-    if installed and current == version and record.get("healthy"):
+    if installed and current == version and record.get("healthy") and not state.get("pending"):
         res.status, res.stage, res.previous = "unchanged", "done", state.get("previous")
         res.reason = f"{name} {version} is already current and passed its health gate"
         return
@@ -233,41 +275,195 @@ async def _deploy_locked(tr: SSHTransport, store: DeviceStore, bundle: PreparedB
         await _install(tr, store, bundle, res, progress)
     else:
         res.notes.append("bundle already on the device; nothing sent")
-    if current == version:
-        # A run that switched but did not finish its gate: the previous version is in the state.
-        previous = (state.get("pending") or {}).get("previous") or state.get("previous")
-        if previous == version:
-            previous = None
-    else:
-        previous = current
-    res.previous = previous
-    await store.record(name, "switch", version, f"from {previous}",
-                       pending={"version": version, "previous": previous})
-    res.stage = "switch"
-    progress(label, "switch", bundle.size, bundle.size)
-    await store.switch(name, version)
-    res.stage = "health"
-    progress(label, "health", bundle.size, bundle.size)
-    health = await _activate_and_check(tr, bundle.manifest.to_dict(), bundle.sample_inputs,
-                                       bundle.sample_expected, options)
-    res.health = health.to_dict()
-    state = await store.read_state(name)
-    if health.ok:
-        state["versions"].setdefault(version, {})["healthy"] = True
-        state["versions"][version]["activated"] = now_iso()
-        await store.record(name, "healthy", version, "", previous=previous, pending=None,
-                           versions=state["versions"])
-        removed = await store.prune(name, options.keep)
-        if removed:
-            res.notes.append(f"pruned {', '.join(removed)}")
+    res.stage = "activate"
+    progress(label, "activate", bundle.size, bundle.size)
+    outcome = await _activate_on_device(tr, name, version, bundle.sha256, options, res, progress, lock)
+    _apply_outcome(res, outcome)
+
+
+def _apply_outcome(res: DeviceResult, outcome: dict[str, Any]) -> None:
+    status = outcome.get("status")
+    res.previous = outcome.get("previous", res.previous)
+    res.health = outcome.get("health") or res.health
+    res.notes += [n for n in outcome.get("notes") or [] if n not in res.notes]
+    if status == "deployed":
         res.status, res.stage = "deployed", "done"
         return
-    res.stage = "rollback"
-    res.reason = f"health gate failed: {health.reason}"
-    back = await _switch_back(tr, store, name, version, previous, options)
-    res.status = "rolled-back"
-    res.notes.append(back)
-    await store.record(name, "rollback", previous, f"{version} failed: {health.reason}; {back}", pending=None)
+    res.reason = str(outcome.get("reason") or status)
+    if status == "rolled-back":
+        res.status, res.stage = "rolled-back", "rollback"
+    elif status == "reverted":
+        res.status, res.stage = "rolled-back", "reverted"
+        res.reason = f"the device reverted the switch: {res.reason}"
+    elif status == "refused":
+        res.status = "refused"
+    else:
+        res.status = "failed"
+
+
+async def _adopt(tr: SSHTransport, state: dict[str, Any], bundle: PreparedBundle, current: str | None,
+                 res: DeviceResult) -> bool:
+    """Report the device's outcome of an earlier run of this bundle that its host never read (its
+    link dropped during the device step); True when that outcome answers this run."""
+    last = state.get("outcome") or {}
+    if (not last or last.get("seen") or not last.get("complete") or last.get("version") != bundle.version
+            or last.get("sha256") != bundle.sha256 or state.get("pending")):
+        return False
+    status = last.get("status")
+    healthy = (state.get("versions", {}).get(bundle.version) or {}).get("healthy")
+    if status == "deployed" and not (current == bundle.version and healthy):
+        return False  # changed since; deploy again
+    if status not in ("deployed", "rolled-back", "reverted"):
+        return False
+    res.txn = last.get("txn")
+    res.notes.append(f"adopted the outcome of an earlier run that lost its link (txn {res.txn}, {last.get('at')})")
+    _apply_outcome(res, last)
+    await _ondevice(tr, ["ack", "--store", tr.address.store_root, "--name", bundle.name, "--txn", str(res.txn)], 60)
+    return True
+
+
+async def _ondevice(tr: SSHTransport, args: list[str], timeout: float, stdin: str | None = None) -> dict[str, Any]:
+    """Run ``python -m cuvil_edge.deploy.ondevice ARGS`` on the device; its JSON answer."""
+    import json
+
+    a = tr.address
+    out = await tr.run([a.python, "-m", "cuvil_edge.deploy.ondevice", *args], timeout=timeout, input=stdin)
+    lines = [ln for ln in out.stdout.splitlines() if ln.strip().startswith("{")]
+    if not lines:
+        hint = out.stderr.strip().splitlines()[-1:] or [f"exit {out.exit_status}"]
+        raise DeployError(
+            f"{a.label}: the device step `{a.python} -m cuvil_edge.deploy.ondevice {args[0]}` failed: {hint[0][:300]}; "
+            "the device needs cuvil-edge in that Python (pass --device-python PATH)")
+    try:
+        answer = json.loads(lines[-1])
+    except ValueError as exc:
+        raise DeployError(f"{a.label}: the device step printed something that is not JSON: {lines[-1][:200]}") from exc
+    return dict(answer)
+
+
+async def _ondevice_acked(tr: SSHTransport, args: list[str], timeout: float, first_line: str | None = None
+                          ) -> dict[str, Any]:
+    """Run an ``ondevice`` step that answers with an outcome, and acknowledge the outcome once read.
+
+    The step prints one JSON line and, when it reports a finished outcome, waits for ``ack`` on its
+    stdin before it marks the outcome seen: if the link drops before that, the outcome stays
+    unseen and the next deploy reports it.
+    """
+    import json
+    import shlex
+
+    a = tr.address
+    if tr.conn is None:
+        raise Unreachable(f"{a.label}: not connected")
+    argv = [a.python, "-m", "cuvil_edge.deploy.ondevice", *args, "--ack-stdin"]
+    try:
+        proc = await tr.conn.create_process(shlex.join(argv))
+        try:
+            if first_line is not None:
+                proc.stdin.write(first_line + "\n")
+            line = await asyncio.wait_for(proc.stdout.readline(), timeout)
+            if not line:
+                await asyncio.wait_for(proc.wait(check=False), 10)
+                if proc.exit_status is None and proc.exit_signal is None:
+                    raise Unreachable(f"{a.label}: the connection closed during the device step")
+                err = (await proc.stderr.read()).strip().splitlines()[-1:] or [f"exit {proc.exit_status}"]
+                raise DeployError(
+                    f"{a.label}: the device step `{a.python} -m cuvil_edge.deploy.ondevice {args[0]}` failed: "
+                    f"{err[0][:300]}; the device needs cuvil-edge in that Python (pass --device-python PATH)")
+            try:
+                answer = dict(json.loads(line))
+            except ValueError as exc:
+                raise DeployError(f"{a.label}: the device step printed something that is not JSON: "
+                                  f"{line[:200]}") from exc
+            if answer.get("state") == "done":
+                proc.stdin.write("ack\n")
+            proc.stdin.write_eof()
+            await asyncio.wait_for(proc.wait(check=False), 30)
+            return answer
+        finally:
+            proc.close()
+    except (asyncssh.Error, OSError, asyncio.TimeoutError) as exc:
+        raise tr._error("run", f"ondevice {args[0]}", exc) from exc
+
+
+async def _activate_on_device(tr: SSHTransport, name: str, version: str, sha256: str | None,
+                              options: DeployOptions, res: DeviceResult, progress: Progress,
+                              lock: DeviceLock | None) -> dict[str, Any]:
+    """Start the device-side transaction and return its outcome, reconnecting when the link drops.
+
+    Raises:
+        Unreachable: the link stayed down longer than ``options.reconnect_for``; the device
+            finishes by itself (it confirms or reverts by its deadline).
+        DeviceBusy / DeployError: the device refused or could not start the step.
+    """
+    import socket
+    import uuid
+
+    a = tr.address
+    txn = uuid.uuid4().hex[:16]
+    res.txn = txn
+    deadline_at = time.time() + options.confirm_deadline
+    wait = options.confirm_deadline + GATE_MARGIN_S
+    argv = ["activate", "--store", a.store_root, "--root", a.root, "--name", name, "--version", version,
+            "--txn", txn, "--deadline", f"{options.confirm_deadline:g}", "--url", f"http://127.0.0.1:{a.daemon_port}",
+            "--health-timeout", f"{options.health_timeout:g}", "--keep", str(options.keep),
+            "--by", f"cuvil-edge deploy from {socket.gethostname()}", "--wait", f"{wait:g}", "--token-stdin"]
+    if sha256:
+        argv += ["--sha256", sha256]
+    if lock is not None:
+        argv += ["--lock-token", lock.token]
+    try:
+        answer = await _ondevice_acked(tr, argv, wait + 60, first_line=options.daemon_token or "")
+        while answer.get("state") == "pending":
+            answer = await _ondevice_acked(tr, ["wait", "--store", a.store_root, "--name", name, "--txn", txn,
+                                                "--timeout", "20"], 80)
+    except Unreachable as exc:
+        progress(a.label, "link lost; reconnecting", 0, 0)
+        answer = await _reconnect_and_wait(a, name, txn, options, exc, deadline_at, lock)
+        res.notes.append("the link dropped during the device step; reconnected and read the device's outcome")
+    state = answer.get("state")
+    if state == "refused":
+        reason = str((answer.get("outcome") or {}).get("reason"))
+        raise DeviceBusy(f"{a.label}: {reason}") if "busy" in reason else DeployError(f"{a.label}: {reason}")
+    if state == "unknown":
+        raise Unreachable(f"{a.label}: the link dropped before the device step started; nothing was switched "
+                          f"(current: {answer.get('current')}); deploy again")
+    return dict(answer.get("outcome") or {})
+
+
+async def _reconnect_and_wait(address: DeviceAddress, name: str, txn: str, options: DeployOptions,
+                              first: BaseException, deadline_at: float, lock: DeviceLock | None) -> dict[str, Any]:
+    """Reconnect until the device reports the outcome of ``txn``, or ``options.reconnect_for`` passes."""
+    span = options.reconnect_for if options.reconnect_for is not None else options.confirm_deadline + 30.0
+    give_up = time.monotonic() + span
+    delay, last = 0.5, first
+    while True:
+        left = give_up - time.monotonic()
+        if left <= 0:
+            break
+        try:
+            async with SSHTransport(address, max(1.0, min(options.connect_timeout, left))) as tr:
+                while True:
+                    answer = await _ondevice_acked(tr, ["wait", "--store", address.store_root, "--name", name,
+                                                        "--txn", txn, "--timeout", f"{max(1.0, min(20.0, left)):g}"],
+                                                   80)
+                    if answer.get("state") != "pending":
+                        if answer.get("state") == "unknown" and lock is not None:
+                            with contextlib.suppress(DeployError, asyncssh.Error, OSError):
+                                await DeviceLock(tr, token=lock.token).release()
+                        return answer
+                    left = give_up - time.monotonic()
+                    if left <= 0:
+                        break
+        except Unreachable as exc:
+            last = exc
+        await asyncio.sleep(min(delay, max(0.0, give_up - time.monotonic())))
+        delay = min(delay * 2, 5.0)
+    from cuvil_edge.bundle.activation import now_iso as _iso
+
+    raise Unreachable(
+        f"{address.label}: link lost during the device's deploy step ({last}); the device finishes it by itself "
+        f"and reverts an unconfirmed switch by {_iso(deadline_at)}: `cuvil-edge status` or a re-run shows the outcome")
 
 
 async def _install(tr: SSHTransport, store: DeviceStore, bundle: PreparedBundle, res: DeviceResult,
@@ -312,10 +508,7 @@ async def _install(tr: SSHTransport, store: DeviceStore, bundle: PreparedBundle,
             await tr.rmtree(staging)
         raise
     await tr.remove(final)
-    state = await store.read_state(name)
-    state["versions"][version] = {"sha256": bundle.sha256, "installed": now_iso(), "healthy": False}
-    await store.record(name, "install", version, f"{bundle.size} bytes, {res.bytes_sent} sent",
-                       versions=state["versions"])
+    # The install record (sha256, time) is written on the device by the deploy step.
 
 
 @contextlib.asynccontextmanager
@@ -325,100 +518,40 @@ async def _daemon_forward(tr: SSHTransport) -> AsyncIterator[str]:
         yield f"http://127.0.0.1:{port}"
 
 
-async def _tell_daemon(tr: SSHTransport, base: str, model: str, options: DeployOptions) -> str | None:
-    """Ask the daemon to load ``model``; under systemd restart it when it is down. None when told."""
-    err = await asyncio.to_thread(daemon_load, base, model, options.health_timeout, options.daemon_token)
-    if err and "not reachable" in err and await tr.exists(tr.address.sys_path("run/systemd/system")):
-        out = await tr.run(["systemctl", "reload-or-restart", "cuvil-edged.service"])
-        if out.exit_status != 0:
-            return f"{err}; systemctl reload-or-restart cuvil-edged failed: {out.stderr.strip()[:200]}"
-        return None  # the daemon loads current at start; the gate waits for it
-    return err
-
-
-async def _activate_and_check(tr: SSHTransport, manifest: dict[str, Any], inputs: bytes | None,
-                              expected: bytes | None, options: DeployOptions) -> HealthResult:
-    # Messages name the daemon as the device sees it, not the local end of the forward.
-    where = f"127.0.0.1:{tr.address.daemon_port} on the device"
-    async with _daemon_forward(tr) as base:
-        err = await _tell_daemon(tr, base, manifest["name"], options)
-        if err:
-            return HealthResult(False, err.replace(base, where))
-        result = await asyncio.to_thread(check_health, base, manifest, inputs, expected,
-                                         options.health_timeout, options.daemon_token)
-        result.reason = result.reason.replace(base, where)
-        return result
-
-
-async def _read_sample(tr: SSHTransport, store: DeviceStore, name: str, version: str
-                       ) -> tuple[dict[str, Any] | None, bytes | None, bytes | None]:
-    import json
-
-    raw = await store.manifest_bytes(name, version)
-    if raw is None:
-        return None, None, None
-    manifest = json.loads(raw)
-    val = manifest.get("validation") or {}
-    vdir = store.version_dir(name, version)
-    inputs = await tr.read_bytes(os.path.join(vdir, val.get("sample_inputs", "sample/inputs.npz")))
-    expected = await tr.read_bytes(os.path.join(vdir, val.get("sample_expected", "sample/expected.npz")))
-    return manifest, inputs, expected
-
-
-async def _switch_back(tr: SSHTransport, store: DeviceStore, name: str, failed: str, previous: str | None,
-                       options: DeployOptions) -> str:
-    """Point ``current`` back at ``previous`` (or remove it) and have the daemon serve that again."""
-    if previous is None:
-        await store.remove_current(name)
-        # The daemon serves the only version of a model without a current link: move it away.
-        quarantine = store.quarantine_dir(name, failed)
-        await tr.rmtree(quarantine)
-        await tr.makedirs(os.path.dirname(quarantine))
-        await tr.rename(store.version_dir(name, failed), quarantine)
-        async with _daemon_forward(tr) as base:
-            await asyncio.to_thread(daemon_unload, base, name, 30.0, options.daemon_token)
-        return f"no previous version: removed current, moved {failed} to quarantine, unloaded {name}"
-    await store.switch(name, previous)
-    manifest, inputs, expected = await _read_sample(tr, store, name, previous)
-    if manifest is None:
-        return f"switched back to {previous} (its manifest is missing; not checked)"
-    health = await _activate_and_check(tr, manifest, inputs, expected, options)
-    if health.ok:
-        return f"switched back to {previous}; it serves and passes its health gate"
-    return f"switched back to {previous}, but it fails its health gate too: {health.reason}"
-
-
 async def rollback_device(
     address: DeviceAddress,
     name: str,
     version: str | None = None,
     options: DeployOptions | None = None,
 ) -> DeviceResult:
-    """Switch ``name`` on a device back to ``version`` (default: the recorded previous version)."""
+    """Switch ``name`` on a device back to ``version`` (default: the recorded previous version).
+
+    The switch runs as the same device-side transaction as a deploy: health-gated, switched back
+    when the gate fails, reverted by the device when it is not confirmed by the deadline.
+    """
     options = options or DeployOptions()
     res = DeviceResult(device=address.label, status="failed")
     t0 = time.monotonic()
     try:
+        options.check()
         async with SSHTransport(address, options.connect_timeout) as tr:
-            lock = DeviceLock(tr)
-            await lock.acquire()
+            lock = await _take_lock(tr, _noop, 0)
             try:
-                await _rollback(tr, res, name, version, options)
+                await _rollback(tr, res, name, version, options, lock)
             finally:
-                with contextlib.suppress(DeployError):
+                with contextlib.suppress(DeployError, asyncssh.Error, OSError):
                     await lock.release()
-    except Unreachable as exc:
-        res.status, res.reason = "unreachable", str(exc)
-    except DeployError as exc:
-        res.status, res.reason = "failed", str(exc)
+    except (DeployError, asyncssh.Error, OSError, asyncio.TimeoutError) as exc:
+        _translate(res, address, exc)
     res.seconds = round(time.monotonic() - t0, 3)
     return res
 
 
 async def _rollback(tr: SSHTransport, res: DeviceResult, name: str, version: str | None,
-                    options: DeployOptions) -> None:
+                    options: DeployOptions, lock: DeviceLock) -> None:
     address = tr.address
     store = DeviceStore(tr)
+    check_component("name", name)
     current = await store.current(name)
     state = await store.read_state(name)
     target = version or state.get("previous")
@@ -432,21 +565,11 @@ async def _rollback(tr: SSHTransport, res: DeviceResult, name: str, version: str
         raise DeployError(f"{address.label}: {name} {target} is not on the device; "
                           f"present: {', '.join(await store.versions(name)) or 'none'}")
     res.version, res.previous = target, current
-    await store.switch(name, target)
-    manifest, inputs, expected = await _read_sample(tr, store, name, target)
-    health = await _activate_and_check(tr, manifest or {"name": name, "version": target}, inputs,
-                                       expected, options)
-    res.health = health.to_dict()
-    if not health.ok:
-        res.reason = f"health gate failed on {target}: {health.reason}"
-        if current and current != target:
-            res.notes.append(await _switch_back(tr, store, name, target, current, options))
-        res.status = "rolled-back"
-    else:
-        res.status = "deployed"
-        await store.record(name, "rollback", target, f"from {current}",
-                           previous=current if current != target else state.get("previous"),
-                           pending=None)
+    outcome = await _activate_on_device(tr, name, target, None, options, res, _noop, lock)
+    _apply_outcome(res, outcome)
+    res.previous = current
+    if res.status == "rolled-back" and outcome.get("status") == "rolled-back":
+        res.reason = f"health gate failed on {target}: {outcome.get('health', {}).get('reason') or res.reason}"
 
 
 async def device_status(address: DeviceAddress, name: str | None = None, options: DeployOptions | None = None,
@@ -480,8 +603,16 @@ async def device_status(address: DeviceAddress, name: str | None = None, options
                             ready = st == 200
                         except Exception:  # noqa: BLE001
                             ready = False
+                    pending = state.get("pending") or None
+                    outcome = state.get("outcome") or None
                     models.append({"name": n, "versions": await store.versions(n), "current": cur,
                                    "previous": state.get("previous"), "ready": ready,
+                                   "healthy": bool((state.get("versions", {}).get(cur or "") or {}).get("healthy")),
+                                   "pending": pending and {k: pending.get(k) for k in
+                                                           ("txn", "version", "previous", "deadline_at", "by")},
+                                   "last_outcome": outcome and {k: outcome.get(k) for k in
+                                                                ("txn", "status", "version", "serving", "reason",
+                                                                 "at", "seen")},
                                    "last_event": (state.get("events") or [None])[-1]})
                 out["models"] = models
     except DeployError as exc:

@@ -184,6 +184,7 @@ def load_inventory(path: Path, **defaults: Any) -> list[DeviceAddress]:
         address = "root@10.0.0.5:22"   # or host = "...", port = 22, user = "..."
         name = "orin-01"                # optional label
         root = "/"                      # optional per-device field
+        python = "/opt/cuvil/bin/python" # the device Python that has cuvil_edge (default python3)
 
     Args:
         path (Path): the inventory file.
@@ -200,7 +201,7 @@ def load_inventory(path: Path, **defaults: Any) -> list[DeviceAddress]:
     devices = data.get("device") or data.get("devices") or []
     if not isinstance(devices, list) or not devices:
         raise DeployError(f"--inventory {path}: no [[device]] entries")
-    allowed = {"name", "root", "store", "daemon_port", "identity", "known_hosts", "user", "port"}
+    allowed = {"name", "root", "store", "daemon_port", "identity", "known_hosts", "user", "port", "python"}
     out = []
     for i, entry in enumerate(devices):
         if not isinstance(entry, dict):

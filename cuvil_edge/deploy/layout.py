@@ -7,11 +7,13 @@ Layout (DESIGN.md; ``<store>`` defaults to ``/var/lib/cuvil-edge``)::
     <store>/deploy/uploads/<sha256>.cvb.part a partial upload, continued from its size
     <store>/deploy/uploads/<sha256>.cvb      a complete upload whose sha256 the device checked
     <store>/deploy/staging/<name>-<version>.<pid>/   extraction in progress (same file system)
-    <store>/deploy/state/<name>.json         previous version, install records, recent events
+    <store>/deploy/state/<name>.json         previous version, install records, recent events,
+                                             the pending switch and the last outcome
     <store>/deploy/quarantine/<name>/<version>/  a version that failed a fresh install's gate
     <store>/deploy/lock                      held by the deploy or rollback in progress
 
-The switch is one atomic step: a ``current.new`` symlink renamed over ``current``. Deploy state
+The host only reads the state file: every change to it (and every switch of ``current``) is made
+on the device, by the deploy step or the daemon (``cuvil_edge/bundle/activation.py``). Deploy state
 lives outside ``bundles/`` so the daemon never mistakes it for a version. A version that fails
 its health gate with no previous version to return to leaves ``bundles/`` too (to quarantine),
 because the daemon serves the only version of a model that has no ``current`` link; deploying
@@ -24,7 +26,8 @@ import datetime as _dt
 import json
 import os
 import re
-from dataclasses import dataclass
+import uuid
+from dataclasses import dataclass, field
 from typing import Any
 
 import asyncssh
@@ -32,11 +35,10 @@ import asyncssh
 from cuvil_edge.deploy.transport import SSHTransport
 from cuvil_edge.errors import DeployError
 
-__all__ = ["DeviceBusy", "DeviceLock", "DeviceStore", "check_component"]
+__all__ = ["DeviceActivating", "DeviceBusy", "DeviceLock", "DeviceStore", "check_component"]
 
 _SAFE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,127}")
 _RESERVED = {"current", "current.new", "previous"}
-MAX_EVENTS = 50
 
 
 def check_component(kind: str, value: str) -> str:
@@ -129,64 +131,18 @@ class DeviceStore:
         state.setdefault("previous", None)
         return state
 
-    # -- writing ----------------------------------------------------------------------------
-
-    async def write_state(self, name: str, state: dict[str, Any]) -> None:
-        state["events"] = state.get("events", [])[-MAX_EVENTS:]
-        path = self.state_path(name)
-        await self.tr.makedirs(os.path.dirname(path))
-        await self.tr.write_bytes_atomic(path, json.dumps(state, indent=1, sort_keys=True).encode())
-
-    async def record(self, name: str, event: str, version: str | None, detail: str = "",
-                     **changes: Any) -> dict[str, Any]:
-        """Append an event to the state file and apply ``changes`` (``previous=``, ``versions=``)."""
-        state = await self.read_state(name)
-        state.update(changes)
-        state["events"].append({"at": now_iso(), "event": event, "version": version, "detail": detail})
-        await self.write_state(name, state)
-        return state
-
-    async def switch(self, name: str, version: str) -> None:
-        """Point ``current`` at ``version`` in one atomic rename (``current.new`` → ``current``)."""
-        link = self.current_link(name)
-        tmp = link + ".new"
-        await self.tr.remove(tmp)
-        await self.tr.symlink(check_component("version", version), tmp)
-        await self.tr.rename(tmp, link)
-
-    async def remove_current(self, name: str) -> None:
-        await self.tr.remove(self.current_link(name))
-
-    async def prune(self, name: str, keep: int) -> list[str]:
-        """Delete the oldest versions beyond ``keep``; never the current or previous one.
-
-        Returns:
-            list[str]: the versions removed.
-        """
-        keep = max(int(keep), 1)
-        versions = await self.versions(name)
-        current = await self.current(name)
-        state = await self.read_state(name)
-        protected = {v for v in (current, state.get("previous")) if v}
-        removable = [v for v in versions if v not in protected]
-        excess = len(versions) - keep
-        removed: list[str] = []
-        for v in removable:
-            if excess <= 0:
-                break
-            await self.tr.rmtree(self.version_dir(name, v))
-            state["versions"].pop(v, None)
-            removed.append(v)
-            excess -= 1
-        if removed:
-            state["events"].append({"at": now_iso(), "event": "prune", "version": None,
-                                    "detail": ", ".join(removed)})
-            await self.write_state(name, state)
-        return removed
-
 
 class DeviceBusy(DeployError):
     """Another deploy or rollback holds the device's lock."""
+
+
+class DeviceActivating(DeviceBusy):
+    """The device's own deploy step (of an earlier run) holds the lock: it ends by ``expires``."""
+
+    def __init__(self, message: str, txn: str, expires: float) -> None:
+        super().__init__(message)
+        self.txn = txn
+        self.expires = expires
 
 
 @dataclass
@@ -195,11 +151,15 @@ class DeviceLock:
 
     Created with an exclusive SFTP open. A lock is taken over when its lease has expired, or when
     it was left by this host (same host name) by a process that is gone or by this very process
-    (a run whose link died before it could unlock). Otherwise the device is busy.
+    (a run whose link died before it could unlock), or by a device-side deploy step whose process
+    is gone from the device's ``/proc``. Otherwise the device is busy. The record carries a random
+    token: the device-side step takes the lock over by it, and :meth:`release` removes the file
+    only while it still holds this run's token.
     """
 
     tr: SSHTransport
     lease_s: float = 1800.0
+    token: str = field(default_factory=lambda: uuid.uuid4().hex)
 
     @property
     def path(self) -> str:
@@ -211,7 +171,8 @@ class DeviceLock:
 
         now = time.time()
         return json.dumps({"host": socket.gethostname(), "pid": os.getpid(), "since": now,
-                           "expires": now + self.lease_s, "at": now_iso()}).encode()
+                           "expires": now + self.lease_s, "at": now_iso(), "where": "host",
+                           "token": self.token}).encode()
 
     async def acquire(self) -> None:
         await self.tr.makedirs(os.path.dirname(self.path))
@@ -245,6 +206,14 @@ class DeviceLock:
             return True  # half-written by a run that died
         if float(holder.get("expires", 0)) < time.time():
             return True
+        if holder.get("where") == "device":
+            pid = int(holder.get("pid", -1))
+            if pid <= 0 or not await self.tr.exists(f"/proc/{pid}"):
+                return True  # the device-side step died (its pid is gone from the device)
+            raise DeviceActivating(
+                f"{self.tr.address.label}: busy: the device is still running the deploy step of an earlier run "
+                f"(txn {holder.get('txn')}, pid {pid}) since {holder.get('at')}",
+                str(holder.get("txn")), float(holder.get("expires", 0)))
         if holder.get("host") == socket.gethostname():
             pid = int(holder.get("pid", -1))
             if pid == os.getpid() or not _pid_alive(pid):
@@ -254,8 +223,18 @@ class DeviceLock:
             f"{self.path} since {holder.get('at')}; retry later, or remove the file if that run is gone"
         )
 
+    async def held(self) -> bool:
+        """True while the lock file still carries this run's token (not handed over, not taken)."""
+        raw = await self.tr.read_bytes(self.path, 65536)
+        try:
+            return raw is not None and json.loads(raw).get("token") == self.token
+        except ValueError:
+            return False
+
     async def release(self) -> None:
-        await self.tr.remove(self.path)
+        """Remove the lock unless the device-side step took it over (it releases it itself)."""
+        if await self.held():
+            await self.tr.remove(self.path)
 
 
 def _pid_alive(pid: int) -> bool:

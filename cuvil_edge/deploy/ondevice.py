@@ -1,13 +1,21 @@
-"""Device-side steps of the Ansible role, run with the device's Python (the daemon's)::
+"""Device-side steps of deploy, run with the device's Python (the daemon's)::
 
+    python -m cuvil_edge.deploy.ondevice activate --store S --name digits --version 1.1.0 --txn T [--wait 130]
+    python -m cuvil_edge.deploy.ondevice wait     --store S --name digits --txn T --timeout 30
+    python -m cuvil_edge.deploy.ondevice revert-expired --store S
     python -m cuvil_edge.deploy.ondevice probe  --root / --store /var/lib/cuvil-edge < manifest.json
     python -m cuvil_edge.deploy.ondevice health --store /var/lib/cuvil-edge --name digits --version 1.0.0 --load
 
-``probe`` prints the device's facts, whether the bundle fits (same rules as ``cuvil-edge deploy``),
+``activate`` takes the device lock and starts the switch/gate/confirm-or-revert transaction
+(``deploy/activate.py``) detached from the SSH session (a transient systemd unit where systemd
+runs, else a new session with its own log), then, with ``--wait``, prints its outcome as JSON
+when it is recorded. ``wait`` prints the outcome of a transaction (the host calls it after a
+reconnect). ``revert-expired`` reverts pending switches past their deadline (the daemon does the
+same at start and on its tick). ``probe`` prints the device's facts, whether the bundle fits,
 what ``current`` points at, the deploy state and the device's copy of this version's manifest;
 exit 1 when the bundle does not fit. ``health`` asks the daemon to load the model (``--load``) and
-runs the health gate; prints the verdict as JSON; exit 1 when it fails. Kept out of the package's
-``__init__`` so ``python -m`` runs it cleanly.
+runs the health gate; exit 1 when it fails. Heavy imports wait for the subcommand that needs them,
+so ``activate`` and ``wait`` start in a fraction of a second on a small board.
 """
 
 from __future__ import annotations
@@ -18,14 +26,14 @@ import os
 import sys
 from typing import Any
 
-from cuvil_edge.deploy.health import check_health, daemon_load
-from cuvil_edge.deploy.probe import IncompatibleDevice, check_compatible, probe_local
-
 __all__ = ["main"]
+
+ACK_WAIT_S = 15.0
 
 
 def _probe(args: argparse.Namespace) -> int:
     from cuvil_edge.bundle import Manifest
+    from cuvil_edge.deploy.probe import IncompatibleDevice, check_compatible, probe_local
 
     manifest = Manifest.from_bytes(sys.stdin.buffer.read(), "manifest.json (stdin)")
     facts = probe_local(args.root)
@@ -54,6 +62,8 @@ def _probe(args: argparse.Namespace) -> int:
 
 
 def _health(args: argparse.Namespace) -> int:
+    from cuvil_edge.deploy.health import check_health, daemon_load
+
     base = os.path.join(args.store, "bundles", args.name)
     version = args.version or os.path.basename(os.readlink(os.path.join(base, "current")))
     vdir = os.path.join(base, version)
@@ -81,10 +91,141 @@ def _health(args: argparse.Namespace) -> int:
     return 0 if result.ok else 1
 
 
+def _request(args: argparse.Namespace) -> Any:
+    import re
+
+    from cuvil_edge.deploy.activate import ActivateRequest
+
+    safe = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,127}")
+    for flag, value in (("--name", args.name), ("--version", args.version)):
+        if not safe.fullmatch(value) or value in ("current", "current.new", "previous"):
+            raise SystemExit(f"{flag} {value!r}: not a plain directory name")
+    if not re.fullmatch(r"[A-Za-z0-9]{4,64}", args.txn):
+        raise SystemExit(f"--txn {args.txn!r}: use 4 to 64 letters and digits")
+    return ActivateRequest(store=args.store, name=args.name, version=args.version, txn=args.txn,
+                           deadline_s=args.deadline, url=args.url, health_timeout=args.health_timeout,
+                           token=args.token, keep=args.keep, sha256=args.sha256, root=args.root,
+                           unit=args.unit, by=args.by)
+
+
+def _activate(args: argparse.Namespace) -> int:
+    import time
+
+    from cuvil_edge.deploy import activate as act
+
+    if args.token_stdin:
+        args.token = sys.stdin.readline().strip() or None
+    req = _request(args)
+    if args.health_timeout + act.GATE_MARGIN_S >= args.deadline:
+        print(json.dumps({"txn": req.txn, "state": "refused", "outcome": {
+            "status": "refused", "reason": f"--health-timeout {args.health_timeout:g} s must end "
+            f"{act.GATE_MARGIN_S:g} s before --deadline {args.deadline:g} s"}}))
+        return 1
+    if args.foreground:  # the detached step as a transient systemd unit
+        return act.run_detached(req)
+    expires = time.time() + args.deadline + act.LOCK_GRACE_S
+    try:
+        note = act.take_lock(req.store, req.txn, expires, args.lock_token)
+    except act.LockBusy as exc:
+        print(json.dumps({"txn": req.txn, "state": "refused",
+                          "outcome": {"status": "refused", "reason": str(exc)}}))
+        return 1
+    try:
+        how = act.launch(req, launcher=args.launcher)
+    except OSError as exc:
+        act.release_lock(req.store, req.txn)
+        print(json.dumps({"txn": req.txn, "state": "refused",
+                          "outcome": {"status": "failed", "reason": f"could not start the deploy step: {exc}"}}))
+        return 1
+    # Without --ack-stdin (Ansible reads the answer at once, or fails the host) the outcome counts
+    # as seen when printed; with it, only once the caller confirms it read it.
+    out = act.wait_outcome(req.store, req.name, req.txn, args.wait, ack=not args.ack_stdin) if args.wait > 0 else \
+        {"txn": req.txn, "state": "pending"}
+    out["launch"] = how
+    if note:
+        out["lock_note"] = note
+    _answer(args, req.store, req.name, req.txn, out)
+    return 0
+
+
+def _answer(args: argparse.Namespace, store: str, name: str, txn: str, out: dict[str, Any]) -> None:
+    """Print the answer; with ``--ack-stdin`` mark the outcome seen only once the caller says it
+    read it (a line ``ack`` on stdin): the caller's link may have dropped while we waited, and an
+    outcome its host never saw must stay for the next run to adopt."""
+    print(json.dumps(out), flush=True)
+    if not args.ack_stdin or out.get("state") != "done":
+        return
+    import select
+
+    ready, _, _ = select.select([sys.stdin], [], [], ACK_WAIT_S)
+    if ready and sys.stdin.readline().strip() == "ack":
+        from cuvil_edge.deploy.activate import mark_seen
+
+        mark_seen(store, name, txn)
+
+
+def _wait(args: argparse.Namespace) -> int:
+    from cuvil_edge.deploy.activate import wait_outcome
+
+    out = wait_outcome(args.store, args.name, args.txn, args.timeout, ack=not (args.no_ack or args.ack_stdin))
+    _answer(args, args.store, args.name, args.txn, out)
+    return 0
+
+
+def _ack(args: argparse.Namespace) -> int:
+    from cuvil_edge.deploy.activate import mark_seen
+
+    print(json.dumps({"txn": args.txn, "acknowledged": mark_seen(args.store, args.name, args.txn)}))
+    return 0
+
+
+def _revert_expired(args: argparse.Namespace) -> int:
+    from cuvil_edge.bundle.activation import revert_expired
+
+    done = revert_expired(args.store, by="ondevice revert-expired")
+    print(json.dumps([d.__dict__ for d in done]))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Entry point: ``probe`` or ``health``."""
+    """Entry point: ``activate``, ``wait``, ``ack``, ``revert-expired``, ``probe`` or ``health``."""
     p = argparse.ArgumentParser(prog="python -m cuvil_edge.deploy.ondevice", description=__doc__.split("\n")[0])
     sub = p.add_subparsers(dest="cmd", required=True)
+    ac = sub.add_parser("activate", help="switch, health gate, confirm or switch back (detached)")
+    ac.add_argument("--store", default="/var/lib/cuvil-edge")
+    ac.add_argument("--root", default="/")
+    ac.add_argument("--name", required=True)
+    ac.add_argument("--version", required=True)
+    ac.add_argument("--txn", required=True, help="transaction id chosen by the caller (letters and digits)")
+    ac.add_argument("--deadline", type=float, default=120.0, help="seconds the switch may stay unconfirmed")
+    ac.add_argument("--url", default="http://127.0.0.1:8000")
+    ac.add_argument("--health-timeout", type=float, default=60.0)
+    ac.add_argument("--token", default=os.environ.get("CUVIL_EDGE_DAEMON_TOKEN"))
+    ac.add_argument("--token-stdin", action="store_true", help="read the daemon token from the first line of stdin")
+    ac.add_argument("--keep", type=int, default=3)
+    ac.add_argument("--sha256", default=None, help="sha256 of the bundle file (recorded with the install)")
+    ac.add_argument("--lock-token", default=None, help="token of the device lock the caller holds (handover)")
+    ac.add_argument("--unit", default="cuvil-edged.service", help="daemon unit to restart when it is down")
+    ac.add_argument("--by", default="ondevice activate", help="who asked, for the state file's events")
+    ac.add_argument("--launcher", choices=("auto", "systemd-run", "setsid"), default="auto")
+    ac.add_argument("--wait", type=float, default=0.0, help="seconds to wait for the outcome and print it")
+    ac.add_argument("--ack-stdin", action="store_true",
+                    help="mark the outcome seen only when the caller writes 'ack' on stdin after reading it")
+    ac.add_argument("--foreground", action="store_true", help=argparse.SUPPRESS)
+    wa = sub.add_parser("wait", help="print the outcome of a transaction, waiting up to --timeout")
+    wa.add_argument("--store", default="/var/lib/cuvil-edge")
+    wa.add_argument("--name", required=True)
+    wa.add_argument("--txn", required=True)
+    wa.add_argument("--timeout", type=float, default=30.0)
+    wa.add_argument("--no-ack", action="store_true", help="do not mark the outcome as seen")
+    wa.add_argument("--ack-stdin", action="store_true",
+                    help="mark the outcome seen only when the caller writes 'ack' on stdin after reading it")
+    ak = sub.add_parser("ack", help="mark the outcome of a transaction as seen")
+    ak.add_argument("--store", default="/var/lib/cuvil-edge")
+    ak.add_argument("--name", required=True)
+    ak.add_argument("--txn", required=True)
+    rv = sub.add_parser("revert-expired", help="revert pending switches past their deadline")
+    rv.add_argument("--store", default="/var/lib/cuvil-edge")
     pr = sub.add_parser("probe", help="device facts, bundle fit (manifest on stdin), store state")
     pr.add_argument("--root", default="/")
     pr.add_argument("--store", default="/var/lib/cuvil-edge")
@@ -97,7 +238,9 @@ def main(argv: list[str] | None = None) -> int:
     he.add_argument("--token", default=os.environ.get("CUVIL_EDGE_DAEMON_TOKEN"))
     he.add_argument("--load", action="store_true", help="ask the daemon to load the model first")
     args = p.parse_args(argv)
-    return _probe(args) if args.cmd == "probe" else _health(args)
+    run = {"activate": _activate, "wait": _wait, "ack": _ack, "revert-expired": _revert_expired,
+           "probe": _probe, "health": _health}[args.cmd]
+    return run(args)
 
 
 if __name__ == "__main__":

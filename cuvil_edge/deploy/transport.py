@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import shlex
-from collections.abc import AsyncIterator, Coroutine
+from collections.abc import AsyncIterator, Coroutine, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -53,6 +54,8 @@ class DeviceAddress:
         identity (str): private key file. Defaults to asyncssh's defaults (``~/.ssh/id_*``).
         known_hosts (str): known_hosts file; ``""`` disables host key checking (insecure).
             Defaults to ``~/.ssh/known_hosts``.
+        python (str): the device's Python that has ``cuvil_edge`` (the daemon's); it runs the
+            device-side deploy step. Defaults to ``python3``.
     """
 
     host: str
@@ -64,6 +67,7 @@ class DeviceAddress:
     daemon_port: int = 8000
     identity: str | None = None
     known_hosts: str | None = None
+    python: str = "python3"
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
 
     @property
@@ -295,14 +299,20 @@ class SSHTransport:
 
     # -- commands ------------------------------------------------------------------------------
 
-    async def run(self, argv: list[str], timeout: float = 600.0) -> CommandResult:
-        """Run a fixed argument vector on the device (each argument quoted); never raises on exit."""
+    async def run(self, argv: list[str], timeout: float = 600.0, input: str | None = None) -> CommandResult:  # noqa: A002
+        """Run a fixed argument vector on the device (each argument quoted); never raises on exit.
+
+        ``input`` goes to the command's stdin (secrets travel there, not in argv).
+        """
         if self.conn is None:
             raise Unreachable(f"{self.address.label}: not connected")
         try:
-            res = await self.conn.run(shlex.join(argv), check=False, timeout=timeout)
+            res = await self.conn.run(shlex.join(argv), check=False, timeout=timeout, input=input)
         except (OSError, asyncssh.Error, asyncio.TimeoutError) as exc:
             raise self._error("run", argv[0], exc) from exc
+        if res.exit_status is None and res.exit_signal is None:
+            # The channel closed with neither an exit status nor a signal: the link dropped.
+            raise Unreachable(f"{self.address.label}: run {argv[0]}: the connection closed before the command ended")
         return CommandResult(
             exit_status=res.exit_status if res.exit_status is not None else -1,
             stdout=str(res.stdout or ""),
@@ -359,9 +369,36 @@ def _quiet_lost_connections(loop: asyncio.AbstractEventLoop, context: dict[str, 
     # the upload itself reports the failure, so these duplicates are dropped.
     exc = context.get("exception")
     if isinstance(exc, (asyncssh.ConnectionLost, asyncssh.SFTPConnectionLost, asyncssh.SFTPNoConnection,
-                        ConnectionError)):
+                        asyncssh.DisconnectError, ConnectionError, BrokenPipeError)):
         return
     loop.default_exception_handler(context)
+
+
+class _DropRepeatedSendWarnings(logging.Filter):
+    """asyncio logs ``socket.send() raised exception.`` for every write to a connection that is
+    already lost (dozens per dead SSH link); the transport reports the lost link once itself."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("socket.send() raised exception")
+
+
+_SEND_FILTER = _DropRepeatedSendWarnings()
+
+
+@contextlib.contextmanager
+def quiet_link_logs() -> Iterator[None]:
+    """Silence the per-packet noise of dead links while deploy runs: asyncio's repeated send
+    warnings and asyncssh's connection log (its INFO lines would print one per channel)."""
+    aio = logging.getLogger("asyncio")
+    ssh = logging.getLogger("asyncssh")
+    level = ssh.level
+    aio.addFilter(_SEND_FILTER)
+    ssh.setLevel(max(level, logging.WARNING))
+    try:
+        yield
+    finally:
+        aio.removeFilter(_SEND_FILTER)
+        ssh.setLevel(level)
 
 
 def run_sync(coro: Coroutine[Any, Any, _T], threads: int = 64) -> _T:
@@ -377,4 +414,5 @@ def run_sync(coro: Coroutine[Any, Any, _T], threads: int = 64) -> _T:
         loop.set_default_executor(ThreadPoolExecutor(max_workers=threads, thread_name_prefix="cuvil-deploy"))
         return await coro
 
-    return asyncio.run(main())
+    with quiet_link_logs():
+        return asyncio.run(main())

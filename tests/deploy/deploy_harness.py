@@ -30,6 +30,8 @@ import asyncssh
 from cuvil_edge.deploy.transport import DeviceAddress
 
 SSHD = "/usr/sbin/sshd"
+REPO = Path(__file__).resolve().parents[2]
+PAUSE_ENV = "CUVIL_EDGE_TEST_PAUSE_DIR"
 SFTP_SERVER = "/usr/lib/openssh/sftp-server"
 
 
@@ -78,6 +80,11 @@ class SshDevice:
     def store(self) -> Path:
         return self.root / "var/lib/cuvil-edge"
 
+    @property
+    def pause_dir(self) -> Path:
+        """Where the device-side deploy step's test-only pause hook looks (``<step>.pause`` files)."""
+        return self.workdir / "pause"
+
     def address(self, client_key: Path, known_hosts: Path, daemon_port: int = 8000) -> DeviceAddress:
         return DeviceAddress(
             host="127.0.0.1", port=self.port, user="root", name=self.name, root=str(self.root),
@@ -110,6 +117,7 @@ def start_sshd(workdir: Path, name: str, client_pub: str, sftp: bool = True) -> 
     root = base / "root"
     (root / "var/lib").mkdir(parents=True, exist_ok=True)
     host_pub = make_key(base / "ssh_host_ed25519_key")
+    (base / "pause").mkdir(exist_ok=True)
     (base / "authorized_keys").write_text(client_pub + "\n")
     last_err = ""
     for _ in range(5):
@@ -134,6 +142,11 @@ def start_sshd(workdir: Path, name: str, client_pub: str, sftp: bool = True) -> 
                     "UseDNS no",
                     "LogLevel ERROR",
                     f"Subsystem sftp {SFTP_SERVER}" if sftp else "",
+                    # The device's "system" Python is this interpreter with this checkout's
+                    # cuvil_edge, as if installed on the board; the test-only pause hook of the
+                    # device-side deploy step reads a directory per device.
+                    f"SetEnv PATH={Path(sys.executable).parent}:/usr/sbin:/usr/bin:/sbin:/bin "
+                    f"PYTHONPATH={REPO} {PAUSE_ENV}={base / 'pause'}",
                     "",
                 ]
             )
@@ -268,6 +281,88 @@ class CuttingProxy:
                     w.close()
 
         await asyncio.gather(pump(reader, up_w, True), pump(up_r, writer, False))
+
+
+class LinkProxy:
+    """A loopback TCP proxy whose link the test cuts and heals on demand.
+
+    :meth:`cut` drops every connection through it (both sides closed at once, as when a cellular
+    modem loses its carrier) and, until :meth:`heal`, drops new ones as soon as they arrive, so the
+    host's reconnects fail the way they would against a dead link. Runs on the caller's loop.
+    """
+
+    def __init__(self, target_port: int) -> None:
+        self.target_port = target_port
+        self.port = 0
+        self.down = False
+        self.cuts = 0
+        self._server: asyncio.base_events.Server | None = None
+        self._pairs: set[tuple[asyncio.StreamWriter, asyncio.StreamWriter]] = set()
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    async def start(self) -> int:
+        self._server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
+        self.port = self._server.sockets[0].getsockname()[1]
+        return self.port
+
+    def cut(self) -> None:
+        self.down = True
+        self.cuts += 1
+        for pair in list(self._pairs):
+            for w in pair:
+                w.transport.abort()
+
+    def heal(self) -> None:
+        self.down = False
+
+    async def close(self) -> None:
+        self.cut()
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        if task is not None:
+            self._tasks.add(task)
+        try:
+            await self._serve(reader, writer)
+        finally:
+            if task is not None:
+                self._tasks.discard(task)
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if self.down:
+            writer.transport.abort()
+            return
+        try:
+            up_r, up_w = await asyncio.open_connection("127.0.0.1", self.target_port)
+        except OSError:
+            writer.transport.abort()
+            return
+        pair = (writer, up_w)
+        self._pairs.add(pair)
+
+        async def pump(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+            try:
+                while True:
+                    data = await src.read(65536)
+                    if not data or self.down:
+                        break
+                    dst.write(data)
+                    await dst.drain()
+            except (ConnectionError, OSError):
+                pass
+            finally:
+                for w in pair:
+                    w.transport.abort()
+
+        try:
+            await asyncio.gather(pump(reader, up_w), pump(up_r, writer))
+        finally:
+            self._pairs.discard(pair)
 
 
 def make_bundle(out: Path, secret_key: Path, version: str, *, name: str = "digits", target: str = "x86-host",

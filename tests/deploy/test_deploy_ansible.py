@@ -79,11 +79,14 @@ def test_ansible_role_deploys_gates_and_rolls_back(lab, bundles, deploy_keys, tm
     r = _play(lab, inv, bundles["bad_health"], pub)
     assert r.returncode != 0
     assert "health gate failed for digits 2.0.0" in r.stdout
-    assert "switched back to 1.0.0 (healthy)" in r.stdout
+    assert "switched back to 1.0.0; 1.0.0 serves and passes its health gate" in r.stdout
     assert os.readlink(dev0.store / "bundles/digits/current") == "1.0.0"
     assert lab.daemons["dev0"].get("/v2/models/digits/versions/1.0.0/ready")[0] == 200
     assert not (devs[1].store / "bundles/digits").exists()
-    assert json.loads((dev0.store / "deploy/state/digits.json").read_text())["events"][-1]["event"] == "rollback"
+    state = json.loads((dev0.store / "deploy/state/digits.json").read_text())
+    assert state["events"][-1]["event"] == "rollback" and state["pending"] is None
+    assert state["outcome"]["status"] == "rolled-back" and state["outcome"]["serving"] == "1.0.0"
+    assert not (dev0.store / "deploy/lock").exists()
 
     # The same bundle again: nothing staged, nothing switched.
     r = _play(lab, inv, bundles["v1"], pub, "--limit", "dev0")

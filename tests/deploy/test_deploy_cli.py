@@ -95,3 +95,59 @@ def test_install_daemon_custom_unit_and_bad_unit(lab, tmp_path, capsys):
 def test_help(cmd, capsys):
     assert main([cmd, "--help"]) == 0
     assert "Usage" in capsys.readouterr().out
+
+
+def test_deploy_console_through_a_cut_link_is_quiet(lab, bundles, deploy_keys, tmp_path):
+    """``cuvil-edge deploy`` as a user runs it, its link cut during the gate and back 2 s later: one
+    line per state change, the table, PASSED; no tracebacks, no repeated asyncio/asyncssh lines."""
+    import asyncio
+    import sys
+
+    from deploy_harness import LinkProxy
+
+    dev = lab.device("dev0")
+    a = lab.address(dev)
+    pub = str(deploy_keys["public"])
+    assert main(["deploy", str(bundles["v1"]), "--pub", pub, *_device_args(lab, dev)]) == 0
+    flag, reached = dev.pause_dir / "gate.pause", dev.pause_dir / "gate.reached"
+    flag.touch()
+
+    async def run() -> tuple[int, str, str]:
+        proxy = LinkProxy(dev.port)
+        await proxy.start()
+        with open(lab.known_hosts, "a") as f:
+            f.write(f"[127.0.0.1]:{proxy.port} {dev.host_pub}\n")
+        args = ["--to", f"root@127.0.0.1:{proxy.port}", "--identity", a.identity, "--known-hosts", a.known_hosts,
+                "--root", a.root, "--store", a.store, "--daemon-port", str(a.daemon_port)]
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "cuvil_edge.cli", "deploy", str(bundles["padded"]), "--pub", pub, *args,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env={**os.environ, "COLUMNS": "200"})
+        try:
+            end = asyncio.get_running_loop().time() + 120
+            while not reached.exists():
+                assert asyncio.get_running_loop().time() < end, "the device step never reached the gate"
+                await asyncio.sleep(0.05)
+            proxy.cut()
+            flag.unlink()
+            await asyncio.sleep(2.0)
+            proxy.heal()
+            out, err = await asyncio.wait_for(proc.communicate(), 180)
+            return proc.returncode or 0, out.decode(), err.decode()
+        finally:
+            flag.unlink(missing_ok=True)
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()
+            await proxy.close()
+
+    from cuvil_edge.deploy.transport import run_sync
+
+    code, out, err = run_sync(run())
+    assert code == 0, out + err
+    text = out + err
+    for noise in ("Traceback", "socket.send()", "Task exception", "asyncssh"):
+        assert noise not in text, text
+    lines = [ln for ln in out.splitlines() if ln.startswith("root@127.0.0.1:")]
+    assert [ln.split(": ", 1)[1].split()[0] for ln in lines] == ["probe", "upload", "extract", "activate", "link",
+                                                                "deployed"], out
+    assert "PASSED" in out and os.readlink(dev.store / "bundles/digits/current") == "1.5.0"
