@@ -15,7 +15,8 @@
   divergence there is within a budget: goal metrics such as top-5 containment saturate on a few
   hundred samples, while mean KL keeps measuring the distance to FP32.
 
-Every accuracy figure here is the target's arithmetic (exact Q/DQ emulation), identical on any host.
+Every accuracy figure here is the target's arithmetic: Q/DQ computed exactly as written (``make_session``,
+cross-checked against the float rewrite in ``emulate.py``), identical on any host.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from cuvil_edge.errors import QuantizationError
 from cuvil_edge.packager.bias_correction import correct_biases
 from cuvil_edge.packager.calibrate import collect_ranges
 from cuvil_edge.packager.data import Dataset
-from cuvil_edge.packager.emulate import emulate_fp16, emulate_qdq
+from cuvil_edge.packager.emulate import emulate_fp16
 from cuvil_edge.packager.load import upgrade_opset
 from cuvil_edge.packager.partial_quant import float_nodes_except, with_float_nodes
 from cuvil_edge.packager.validate import compare_outputs, goal_failures, make_session, run_model
@@ -150,8 +151,8 @@ class Quantizer:
     """Calibrates once, then quantizes as often as the mixed search needs.
 
     Calibration statistics are collected once, in one streaming pass (``calibrate.py``), and handed
-    to ONNX Runtime's quantizer through its calibration cache; every accuracy figure comes from exact
-    Q/DQ emulation (``emulate.py``), never from the host's fused INT8 kernels.
+    to ONNX Runtime's quantizer through its calibration cache; every accuracy figure comes from the
+    Q/DQ graph computed as written (``make_session``), never from the host's fused INT8 kernels.
 
     Args:
         model (onnx.ModelProto): the FP32 model (upgraded to opset 13 if older).
@@ -374,8 +375,9 @@ class Quantizer:
 
 
 def target_arithmetic(model: onnx.ModelProto, fp16_nodes: list[str] | None = None) -> onnx.ModelProto:
-    """The model as the target computes it: Q/DQ emulated exactly, ``fp16_nodes`` rounded to FP16."""
-    return emulate_fp16(emulate_qdq(model), fp16_nodes or [])
+    """The model as the target computes it, to run in a packager session (``make_session``, which
+    executes Q/DQ as written): ``fp16_nodes`` rounded to FP16 (``emulate_fp16``), the rest unchanged."""
+    return emulate_fp16(model, fp16_nodes or [])
 
 
 def _quantize_static() -> Callable[..., Any]:

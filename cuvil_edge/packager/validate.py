@@ -34,8 +34,16 @@ _OPT_LEVELS = {"disable": "ORT_DISABLE_ALL", "basic": "ORT_ENABLE_BASIC", "exten
 
 
 def make_session(model: onnx.ModelProto | Path | bytes, threads: int = 0) -> ort.InferenceSession:
-    """A CPU session. ``WeightBiasQuantization`` is disabled: it would re-quantize (per tensor) the FP32
-    weights of layers a mixed model deliberately kept in float, and the numbers would be wrong."""
+    """A CPU session that computes a Q/DQ model exactly as written: the target's arithmetic.
+
+    ONNX Runtime's QDQ fusions are off (``session.disable_quant_qdq``): each QuantizeLinear and
+    DequantizeLinear runs as its own kernel (divide, round half to even, saturate; subtract, multiply)
+    and the operator between them runs in float, which is what TensorRT and non-saturating integer
+    kernels compute, up to float rounding. The fused x86 u8s8 kernels would saturate on CPUs without
+    AVX-512 VNNI and make every verdict the host's. ``emulate.py`` is an independent rewrite of the
+    same semantics in float operators; the tests hold the two to each other. ``WeightBiasQuantization``
+    is disabled too: it would re-quantize (per tensor) the FP32 weights of layers a mixed model
+    deliberately kept in float."""
     import os
 
     opts = ort.SessionOptions()
@@ -44,6 +52,7 @@ def make_session(model: onnx.ModelProto | Path | bytes, threads: int = 0) -> ort
     if level not in _OPT_LEVELS:
         raise ModelError(f"CUVIL_EDGE_ORT_OPTIMIZATION='{level}' is not one of {', '.join(_OPT_LEVELS)}")
     opts.graph_optimization_level = getattr(ort.GraphOptimizationLevel, _OPT_LEVELS[level])
+    opts.add_session_config_entry("session.disable_quant_qdq", "1")
     if threads:
         opts.intra_op_num_threads = threads
     src: Any = model.SerializeToString() if isinstance(model, onnx.ModelProto) else (

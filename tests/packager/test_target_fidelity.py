@@ -56,6 +56,9 @@ def test_emulation_computes_the_qdq_graph_as_written(digits, digits_trt):
     feed = {k: v for k, v in evaluation.inputs.items()}
     as_written = _run(quantized, feed, session__disable_quant_qdq="1")
     np.testing.assert_allclose(_run(emulated, feed), as_written, rtol=0, atol=1e-4)
+    # The packager's own sessions compute the same (they run Q/DQ as written).
+    np.testing.assert_allclose(next(iter(run_model(make_session(quantized), evaluation).values())), as_written,
+                               rtol=0, atol=1e-4)
 
 
 def test_report_is_the_same_with_graph_optimizations_on_and_off(digits, monkeypatch):
