@@ -93,12 +93,18 @@ class PressureThresholds:
     """When each ladder step starts, as free RAM in percent of board RAM (tegrastats' view).
 
     ``free_pct[k]`` is the free-RAM level below which step ``k+1`` applies. ``exit_margin_pct`` is
-    added when testing whether a step may be left (hysteresis). A largest free block smaller than
+    added when testing whether a step may be left (hysteresis), at most half the gap to the line
+    above. A largest free block smaller than
     ``lfb_min_kb`` (fragmentation: no 4 MB block left) or fewer than ``lfb_min_blocks`` free
     blocks raise the level by one when RAM is already short (``free_pct[0]``), and swap growing
     faster than ``swap_growth_mb_s`` raises it by one in any case.
     Headroom of our own budget below ``headroom_pct`` of the budget asks for at least
     ``CAP_BATCH``; a negative headroom (others grew into our share) for ``UNLOAD_LRU``.
+    With ``inflight_is_free`` the free-RAM lines count the daemon's own in-flight buffers
+    (``set_dynamic_bytes``) as free: the ladder measures the pressure *others* put on the board,
+    while the daemon's own buffers are bounded by :meth:`MemoryScheduler.prefetch_cap`, which
+    sheds them within one batch time. Without it the daemon's own prefetch could push the ladder
+    up and the ladder then starve the pipeline that caused it.
     """
 
     free_pct: tuple[float, float, float, float, float] = (10.0, 7.0, 5.0, 3.5, 2.0)
@@ -108,6 +114,7 @@ class PressureThresholds:
     swap_growth_mb_s: float = 8.0
     headroom_pct: float = 5.0
     calm_samples: int = 3
+    inflight_is_free: bool = True
 
 
 @dataclass
@@ -448,10 +455,18 @@ class MemoryScheduler:
         reasons: list[str] = []
         free_mb = sample.ram_free_mb
         total_mb = sample.ram_total_mb or self.total_bytes / MiB
+        if free_mb is not None and th.inflight_is_free:
+            # Our own in-flight buffers are not pressure from others: the depth cap
+            # (prefetch_cap with batch_bytes) gives them back within one batch time.
+            free_mb += self.dynamic_bytes / MiB
         if free_mb is not None and total_mb:
             free_pct = 100.0 * free_mb / total_mb
             for k, limit in enumerate(th.free_pct):
-                if free_pct < limit + margin:
+                # The exit margin is capped at half the gap to the line above: a margin wider than
+                # the spacing of the lines would hold a level two lines up after a brief spike
+                # (swap growth, fragmentation) had raised it there.
+                m = margin if k == 0 else min(margin, 0.5 * (th.free_pct[k - 1] - limit))
+                if free_pct < limit + m:
                     level = PressureLevel(k + 1)
             if level:
                 reasons.append(f"free RAM {free_pct:.1f}%")
@@ -564,21 +579,58 @@ class MemoryScheduler:
 
     # ------------------------------------------------------------------ what the server applies
 
-    def prefetch_cap(self, max_depth: int, min_depth: int = 1) -> int:
-        """The deepest prefetch allowed now: ``max_depth`` normally, half at SHRINK_PREFETCH,
-        ``min_depth`` from CAP_BATCH up."""
-        if self.level >= PressureLevel.CAP_BATCH:
+    def prefetch_cap(self, max_depth: int, min_depth: int = 1, batch_bytes: int | None = None) -> int:
+        """The deepest prefetch allowed now.
+
+        Without ``batch_bytes``: ``max_depth`` normally, half at SHRINK_PREFETCH, ``min_depth``
+        from CAP_BATCH up. With ``batch_bytes`` (what one batch in flight holds) the steps below
+        UNLOAD_LRU cap the depth to what *fits*: the batches whose bytes, with those in flight now,
+        leave free RAM above a guard line just over
+        REJECT (:meth:`_room_bytes`). So a
+        squeeze that leaves room for three batches keeps three, not one: halving blindly starves
+        the device while the RAM it frees is not needed. From UNLOAD_LRU up: ``min_depth``.
+        """
+        if self.level >= PressureLevel.UNLOAD_LRU:
             return min_depth
         if self.level >= PressureLevel.SHRINK_PREFETCH:
+            room = self._room_bytes() if batch_bytes and batch_bytes > 0 else None
+            if room is not None and batch_bytes:
+                return max(min_depth, min(max_depth, int(room // batch_bytes)))
+            if self.level >= PressureLevel.CAP_BATCH:
+                return min_depth
             return max(min_depth, max_depth // 2)
         return max_depth
 
-    def batch_cap(self, max_batch: int) -> int:
+    def batch_cap(self, max_batch: int, item_bytes: int | None = None) -> int:
         """The largest batch allowed now: half of ``max_batch`` from CAP_BATCH up (each later step
-        adds its own measure rather than squeezing batches further)."""
+        adds its own measure rather than squeezing batches further).
+
+        With ``item_bytes`` (what one request in flight holds) the depth cap of
+        :meth:`prefetch_cap` already bounds the bytes in flight, so below UNLOAD_LRU the batch is
+        cut only when one full batch does not fit in the room: halving it anyway costs throughput
+        (each batch pays the fixed launch cost) and frees nothing the depth cap did not.
+        """
         if self.level >= PressureLevel.CAP_BATCH:
+            room = self._room_bytes() if item_bytes else None
+            if room is not None and self.level < PressureLevel.UNLOAD_LRU:
+                return max(1, min(max_batch, int(room // item_bytes)))
             return max(1, max_batch // 2)
         return max_batch
+
+    def _room_bytes(self) -> float | None:
+        """Bytes the daemon may hold in flight: those in flight now plus the free RAM above a guard
+        line halfway between the UNLOAD_LRU and REJECT lines (2.75% of RAM by default), so the
+        daemon's own buffers never push the board into rejecting requests. The sum does not change as the daemon's own
+        buffers grow (free RAM falls by what they gain), so the cap it gives is stable. None
+        without a free-RAM reading."""
+        sample = self._last_sample
+        free_mb = sample.ram_free_mb if sample is not None else None
+        if free_mb is None:
+            return None
+        total_mb = sample.ram_total_mb if sample is not None and sample.ram_total_mb else self.total_bytes / MiB
+        th = self.thresholds
+        guard_mb = (th.free_pct[4] + 0.5 * (th.free_pct[3] - th.free_pct[4])) / 100.0 * total_mb
+        return max(0.0, self.dynamic_bytes + (free_mb - guard_mb) * MiB)
 
     def should_reject(self) -> bool:
         """True while new requests must get 503 with ``Retry-After``."""
