@@ -487,14 +487,22 @@ class PrefetchController:
             # preparation, and one slot past ``need`` prepares one more batch at once (lower
             # latency; the batches stay small, so it holds little memory). Never while memory is
             # short, the board is hot or the memory bus is busy.
-            spare = (self._gpu is not None and self._gpu < self.gpu_util_target - self.deadband_pct
+            # The spare slot is taken while requests wait for a slot and kept while the load stays
+            # light (a slot that stops requests waiting must not be given back for doing so).
+            # The raw reading too, not only the smoothed one: the smoothing lags a sudden overload.
+            light = (self._gpu is not None and self._gpu < self.gpu_util_target - self.deadband_pct
+                     and gpu_raw is not None and gpu_raw < self.gpu_util_target - self.deadband_pct
                      and (self._emc is None or self._emc < self.emc_high_pct - 10.0)
-                     and memory_level == 0 and not throttle and blocked)
-            top = need + 1 if spare else need
-            if pre_workers:
-                top = min(top, int(pre_workers) + 1)
-            top = max(need, min(top, limit, self.max_depth))
-            down_to = max(need_down or need, top)
+                     and memory_level == 0 and not throttle
+                     # and requests are served well inside the objective (an overloaded device
+                     # sharing its time with another process can read under the target too)
+                     and (qratio is None or qratio < self.queue_fraction)
+                     and (self._qratio is None or self._qratio < self.queue_fraction))
+            spare = light and blocked
+            workers_cap = int(pre_workers) + 1 if pre_workers else self.max_depth
+            top = max(need, min(need + 1 if spare else need, workers_cap, limit, self.max_depth))
+            keep = max(need, min(need + 1 if light else need, workers_cap, limit, self.max_depth))
+            down_to = max(need_down or need, keep)
             if prev < min(top, limit) and blocked and (self._emc is None or self._emc < self.emc_high_pct) \
                     and not (throttle and self._qratio is not None and self._qratio >= self.queue_fraction):
                 fit_to = min(top, limit)
