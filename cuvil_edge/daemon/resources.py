@@ -368,6 +368,7 @@ class Resources:
         g["cuvil_prefetch_depth"] = (
             "Batches allowed in flight (prefetch depth)",
             [({"model": k.rpartition(":")[0], "version": k.rpartition(":")[2]}, v) for k, v in self.depths.items()])
+        g.update(self._view_gauges(instances))
         if self.scheduler is not None:
             snap = self.scheduler.snapshot()
             for key, help_text in (("budget_bytes", "Memory budget: RAM - reserve - other processes"),
@@ -381,6 +382,33 @@ class Resources:
                 g[f"cuvil_memory_{key}"] = (help_text, [({}, snap[key])])
             g["cuvil_memory_pressure_level"] = (
                 "Pressure ladder step (0 normal .. 5 reject)", [({"step": snap["level_name"]}, snap["level"])])
+        return g
+
+    def _view_gauges(self, instances: list[Any]) -> dict[str, tuple[str, list[tuple[dict[str, str], Any]]]]:
+        """What ``cuvil-edge top`` shows beyond the counters: latency percentiles per model, the
+        prefetch depth's Little's-law need and why it last changed, the pressure step's reason."""
+        g: dict[str, tuple[str, list[tuple[dict[str, str], Any]]]] = {}
+
+        def lab(inst: Any) -> dict[str, str]:
+            return {"model": inst.name, "version": inst.version}
+
+        g["cuvil_model_latency_p50_ms"] = ("Median request duration over the last 1024 requests",
+                                           [(lab(i), i.stats.latency_ms(50)) for i in instances])
+        g["cuvil_model_latency_p99_ms"] = ("p99 request duration over the last 1024 requests",
+                                           [(lab(i), i.stats.latency_ms(99)) for i in instances])
+        need, info = [], []
+        for inst in instances:
+            ctl = self.prefetch.get(self.key(inst.name, inst.version))
+            if ctl is None:
+                continue
+            need.append((lab(inst), ctl.need))
+            reason = ctl.last_change_reason or f"unchanged ({ctl.last_decision.reason if ctl.last_decision else '-'})"
+            info.append(({**lab(inst), "reason": reason[:200]}, 1))
+        g["cuvil_prefetch_need"] = ("Depth that keeps the device fed (prepare/execute times)", need)
+        g["cuvil_prefetch_info"] = ("Why the prefetch depth last changed (reason label)", info)
+        if self.scheduler is not None:
+            g["cuvil_memory_pressure_info"] = ("Why the pressure ladder is at its step (reason label)",
+                                               [({"reason": str(self.scheduler.reason)[:200]}, 1)])
         return g
 
     def counters(self) -> dict[str, tuple[str, list[tuple[dict[str, str], Any]]]]:

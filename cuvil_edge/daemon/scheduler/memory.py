@@ -104,7 +104,9 @@ class PressureThresholds:
     (``set_dynamic_bytes``) as free: the ladder measures the pressure *others* put on the board,
     while the daemon's own buffers are bounded by :meth:`MemoryScheduler.prefetch_cap`, which
     sheds them within one batch time. Without it the daemon's own prefetch could push the ladder
-    up and the ladder then starve the pipeline that caused it.
+    up and the ladder then starve the pipeline that caused it. The room that cap leaves above its
+    guard line grows by ``growth_lookahead_s`` seconds of other processes' RAM growth, so buffers
+    are shed before a fast-growing neighbour reaches them, not after.
     """
 
     free_pct: tuple[float, float, float, float, float] = (10.0, 7.0, 5.0, 3.5, 2.0)
@@ -115,6 +117,7 @@ class PressureThresholds:
     headroom_pct: float = 5.0
     calm_samples: int = 3
     inflight_is_free: bool = True
+    growth_lookahead_s: float = 1.0
 
 
 @dataclass
@@ -242,6 +245,9 @@ class MemoryScheduler:
         self._last_sample: Sample | None = None
         self._swap_prev: tuple[float, float] | None = None
         self.swap_growth_mb_s: float | None = None
+        self._other_prev: tuple[float, int] | None = None
+        self.other_growth_mb_s: float | None = None  # how fast other processes take RAM (sustained)
+        self._other_rates: tuple[float, float] = (0.0, 0.0)
         self.steps_total: dict[str, int] = {lvl.name: 0 for lvl in PressureLevel if lvl}
         self.rejected_admissions = 0
         self.samples_seen = 0
@@ -504,6 +510,15 @@ class MemoryScheduler:
             if sample.ram_used_mb is not None:
                 ours = sum(r.bytes for r in self._res.values() if r.measured_bytes is not None) + self.dynamic_bytes
                 self.other_bytes = max(0, int(sample.ram_used_mb * MiB) - ours)
+                if self._other_prev is None or sample.timestamp - self._other_prev[0] >= 0.25:
+                    if self._other_prev is not None:
+                        dt = sample.timestamp - self._other_prev[0]
+                        rate = (self.other_bytes - self._other_prev[1]) / MiB / dt
+                        # Sustained growth only: the lesser of the last two rates, so buffers of
+                        # others that come and go (capture rings, page cache) do not count.
+                        self._other_rates = (self._other_rates[1], rate)
+                        self.other_growth_mb_s = min(self._other_rates)
+                    self._other_prev = (sample.timestamp, self.other_bytes)
             if sample.swap_used_mb is not None:
                 # A rate needs a time base: samples closer than 0.25 s (a fast replay) keep the last one.
                 if self._swap_prev is None or sample.timestamp - self._swap_prev[0] >= 0.25:
@@ -630,6 +645,8 @@ class MemoryScheduler:
         total_mb = sample.ram_total_mb if sample is not None and sample.ram_total_mb else self.total_bytes / MiB
         th = self.thresholds
         guard_mb = (th.free_pct[4] + 0.5 * (th.free_pct[3] - th.free_pct[4])) / 100.0 * total_mb
+        # Others growing: keep free what they take before the next decisions can shed buffers.
+        guard_mb += max(0.0, self.other_growth_mb_s or 0.0) * th.growth_lookahead_s
         return max(0.0, self.dynamic_bytes + (free_mb - guard_mb) * MiB)
 
     def should_reject(self) -> bool:

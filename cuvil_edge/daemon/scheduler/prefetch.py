@@ -430,15 +430,16 @@ class PrefetchController:
         # The ceiling guards probes; with the stage times known nothing is probed, so none applies.
         limit = self.max_depth if (self._ceiling is None or need is not None) else min(self.max_depth, self._ceiling - 1)
         if throttle:
-            # With stage times known the slowed execution is in the ratio once the clock has
-            # dropped. Hot with the clock still up, plan for the throttled clock: execution will
-            # take 1/throttle_clock_fraction as long, and a slot kept for the full clock would
-            # fill with one more full batch (memory, latency) as throughput falls under the load.
+            # Hot, plan for the throttled clock before it falls: a slot kept for today's clock
+            # would fill with one more full batch (memory, latency) as throughput falls under the
+            # load, and the measured execution time lags the falling clock.
             hot_need: int | None = None
             if ratio_pe is not None:
+                # Execution at the throttled clock f takes c/f times as long as at today's clock c
+                # (as fractions of the maximum); below f the measured ratio stands.
                 freq = sample.gpu_freq_mhz if sample is not None else None
-                clock_up = bool(freq and self._gpu_freq_max and freq >= 0.95 * self._gpu_freq_max)
-                r = ratio_pe * self.throttle_clock_fraction if clock_up else ratio_pe
+                c = freq / self._gpu_freq_max if freq and self._gpu_freq_max else self.throttle_clock_fraction
+                r = ratio_pe * min(1.0, self.throttle_clock_fraction / max(c, 1e-3))
                 hot_need = 1 + max(0, math.ceil(r + self.need_slack))
             cap = self.throttle_depth if hot_need is None else max(self.throttle_depth, hot_need)
             limit = min(limit, max(self.min_depth, cap))
