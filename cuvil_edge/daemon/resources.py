@@ -137,7 +137,8 @@ class Resources:
         except ImportError as exc:
             log.warning("memory co-scheduler unavailable (%s): loads are not checked against a budget", exc)
         else:
-            self.scheduler = MemoryScheduler(target=self.target, reserve_mb=cfg.memory_reserve_mb)
+            self.scheduler = MemoryScheduler(target=self.target, reserve_mb=cfg.memory_reserve_mb,
+                                             kernel=self._kernel_memory())
             self.scheduler.attach_pool(self.pool)
             self.scheduler.on_step(PressureLevel.UNLOAD_LRU, self._unload_lru)
             self.scheduler.on_step(PressureLevel.RELEASE_IDLE, self._release_idle)
@@ -153,6 +154,23 @@ class Resources:
             except CuvilEdgeError as exc:
                 raise DaemonError(f"--telemetry {cfg.telemetry!r}: {exc}") from exc
             self.monitor.start()
+
+    @staticmethod
+    def _kernel_memory() -> Any:
+        """The kernel's memory signals (meminfo, PSI, this unit's cgroup), where /proc has them."""
+        if os.environ.get("CUVIL_EDGED_KERNEL_MEMORY", "1") == "0":
+            return None
+        try:
+            from cuvil_edge.daemon.scheduler import KernelMemory
+
+            kernel = KernelMemory()
+            kernel.read()
+        except Exception as exc:  # not Linux, or /proc unreadable: telemetry alone drives the ladder
+            log.info("kernel memory signals unavailable: %s", exc)
+            return None
+        if not os.path.exists("/proc/meminfo"):
+            return None
+        return kernel
 
     @staticmethod
     def _check_spec(item: str) -> None:
@@ -289,7 +307,7 @@ class Resources:
                 if inst.inflight:
                     self.scheduler.touch(self.key(inst.name, inst.version))
             self.scheduler.set_dynamic_bytes(inflight)
-            if sample is not None:
+            if sample is not None or self.scheduler.kernel is not None:
                 self.scheduler.update(sample)
             level = int(self.scheduler.level)
         busy_total = 0.0
@@ -409,6 +427,22 @@ class Resources:
         if self.scheduler is not None:
             g["cuvil_memory_pressure_info"] = ("Why the pressure ladder is at its step (reason label)",
                                                [({"reason": str(self.scheduler.reason)[:200]}, 1)])
+            k = self.scheduler.kernel_reading
+            if k is not None:
+                psi, cg = k.pressure, k.cgroup
+                g["cuvil_memory_available_bytes"] = ("Kernel: MemAvailable, or the cgroup's limit - usage if less",
+                                                     [({}, k.available_bytes)])
+                if psi is not None:
+                    g["cuvil_memory_psi_some_avg10"] = ("Kernel PSI: % of the last 10 s some task stalled on memory",
+                                                        [({}, psi.some_avg10)])
+                    g["cuvil_memory_psi_full_avg10"] = ("Kernel PSI: % of the last 10 s all tasks stalled on memory",
+                                                        [({}, psi.full_avg10)])
+                if cg is not None:
+                    g["cuvil_memory_cgroup_current_bytes"] = ("Memory charged to the daemon's cgroup",
+                                                              [({}, cg.current)])
+                    g["cuvil_memory_cgroup_limit_bytes"] = ("The cgroup's memory limit (MemoryMax)", [({}, cg.limit)])
+                    g["cuvil_memory_cgroup_oom_kill_total"] = ("OOM kills inside the daemon's cgroup",
+                                                               [({}, cg.oom_kills)])
         return g
 
     def counters(self) -> dict[str, tuple[str, list[tuple[dict[str, str], Any]]]]:

@@ -38,6 +38,7 @@ Typical use by the server::
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import logging
 import os
@@ -107,6 +108,10 @@ class PressureThresholds:
     up and the ladder then starve the pipeline that caused it. The room that cap leaves above its
     guard line grows by ``growth_lookahead_s`` seconds of other processes' RAM growth, so buffers
     are shed before a fast-growing neighbour reaches them, not after.
+    From the kernel (``MemoryScheduler(kernel=KernelMemory())``): PSI ``some`` avg10 at or above
+    ``psi_some_pct`` raises the level by one (at least SHRINK_PREFETCH), ``full`` avg10 at or above
+    ``psi_full_pct`` asks for UNLOAD_LRU, and a new OOM kill in the daemon's cgroup holds REJECT for
+    ``oom_kill_hold_s``.
     """
 
     free_pct: tuple[float, float, float, float, float] = (10.0, 7.0, 5.0, 3.5, 2.0)
@@ -117,6 +122,9 @@ class PressureThresholds:
     headroom_pct: float = 5.0
     calm_samples: int = 3
     inflight_is_free: bool = True
+    psi_some_pct: float = 10.0
+    psi_full_pct: float = 5.0
+    oom_kill_hold_s: float = 10.0
     growth_lookahead_s: float = 1.0
 
 
@@ -204,6 +212,10 @@ class MemoryScheduler:
             ``PressureThresholds()``.
         clock (Callable[[], float]): monotonic clock (tests and the simulator pass their own).
             Defaults to ``time.monotonic``.
+        kernel (KernelMemory | None): the kernel's signals (``/proc/meminfo``, PSI, the cgroup),
+            read at each update: RAM is the tighter of the sample's and the kernel's, and the
+            ladder also answers PSI and OOM kills in the cgroup. ``update(None)`` then works
+            without a telemetry source. Defaults to None.
     """
 
     def __init__(
@@ -215,6 +227,7 @@ class MemoryScheduler:
         reserve_mb: float | None = None,
         thresholds: PressureThresholds | None = None,
         clock: Callable[[], float] | None = None,
+        kernel: Any = None,
     ) -> None:
         if total_bytes is None:
             if target is not None:
@@ -245,6 +258,10 @@ class MemoryScheduler:
         self._last_sample: Sample | None = None
         self._swap_prev: tuple[float, float] | None = None
         self.swap_growth_mb_s: float | None = None
+        self.kernel = kernel
+        self.kernel_reading: Any = None
+        self._oom_kills: int | None = None
+        self._oom_kill_seen_at: float | None = None
         self._other_prev: tuple[float, int] | None = None
         self.other_growth_mb_s: float | None = None  # how fast other processes take RAM (sustained)
         self._other_rates: tuple[float, float] = (0.0, 0.0)
@@ -489,6 +506,18 @@ class MemoryScheduler:
         if self.swap_growth_mb_s is not None and self.swap_growth_mb_s > th.swap_growth_mb_s:
             level = PressureLevel(min(PressureLevel.REJECT, level + 1))
             reasons.append(f"swap growing {self.swap_growth_mb_s:.1f} MB/s")
+        psi = self.kernel_reading.pressure if self.kernel_reading is not None else None
+        if psi is not None:
+            # Stalls are the kernel saying reclaim is not keeping up, before any OOM kill.
+            if psi.full_avg10 is not None and psi.full_avg10 >= th.psi_full_pct - margin:
+                level = max(level, PressureLevel.UNLOAD_LRU)
+                reasons.append(f"PSI full {psi.full_avg10:.1f}%")
+            elif psi.some_avg10 >= th.psi_some_pct - margin:
+                level = PressureLevel(min(PressureLevel.REJECT, max(level + 1, PressureLevel.SHRINK_PREFETCH)))
+                reasons.append(f"PSI some {psi.some_avg10:.1f}%")
+        if self._oom_kill_seen_at is not None and self._clock() - self._oom_kill_seen_at < th.oom_kill_hold_s:
+            level = PressureLevel.REJECT
+            reasons.append("OOM kill in the daemon's cgroup")
         budget = self.budget_bytes
         headroom = self.headroom_bytes
         if headroom < 0 and self._res:
@@ -499,11 +528,41 @@ class MemoryScheduler:
             reasons.append(f"headroom {headroom / MiB:.0f} MiB")
         return level, ", ".join(reasons) or "ok"
 
-    def update(self, sample: Sample) -> PressureLevel:
+    def _with_kernel(self, sample: Sample | None) -> Sample | None:
+        """Read the kernel (when given) and tighten ``sample``'s RAM figures with it."""
+        if self.kernel is None:
+            return sample
+        try:
+            reading = self.kernel.read()
+        except Exception as exc:  # a vanished cgroup must not stop the ladder
+            log.debug("kernel memory signals unreadable: %s", exc)
+            return sample
+        self.kernel_reading = reading
+        kills = reading.cgroup.oom_kills if reading.cgroup is not None else None
+        if kills is not None:
+            if self._oom_kills is not None and kills > self._oom_kills:
+                self._oom_kill_seen_at = self._clock()
+                log.warning("memory: %d OOM kill(s) in the daemon's cgroup", kills - self._oom_kills)
+            self._oom_kills = kills
+        ksample = self.kernel.sample(reading)
+        if sample is None:
+            return ksample
+        free = sample.ram_free_mb
+        kfree = ksample.ram_free_mb
+        if kfree is not None and (free is None or kfree < free):
+            return dataclasses.replace(sample, ram_used_mb=ksample.ram_used_mb, ram_total_mb=ksample.ram_total_mb)
+        return sample
+
+    def update(self, sample: Sample | None) -> PressureLevel:
         """Re-evaluate the budget and the ladder from a telemetry sample; returns the level.
 
-        Safe to pass as a :class:`~cuvil_edge.telemetry.TelemetryMonitor` subscriber.
+        With a ``kernel`` reader the sample's RAM is tightened by the kernel's view, and ``None``
+        (no telemetry source) uses the kernel's view alone. Safe to pass as a
+        :class:`~cuvil_edge.telemetry.TelemetryMonitor` subscriber.
         """
+        sample = self._with_kernel(sample)
+        if sample is None:
+            return self.level
         actions: list[tuple[PressureLevel, dict[str, Any]]] = []
         with self._lock:
             self.samples_seen += 1
@@ -678,5 +737,6 @@ class MemoryScheduler:
                 "steps_total": dict(self.steps_total),
                 "rejected_admissions": self.rejected_admissions,
                 "swap_growth_mb_s": self.swap_growth_mb_s,
+                "kernel": self.kernel_reading.to_dict() if self.kernel_reading is not None else None,
                 "models": {r.name: r.to_dict() for r in self._res.values()},
             }
