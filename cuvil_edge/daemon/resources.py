@@ -91,6 +91,7 @@ class Resources:
         self._last_tick = time.monotonic()
         self._last_infer_ns: dict[str, int] = {}
         self.depths: dict[str, int] = {}
+        self.unloaded_by_pressure: set[str] = set()
         self.busy_pct = 0.0
         self.watchdog: Any = None
         # Batch buffers (concatenated inputs) come from one reused pool the scheduler accounts.
@@ -142,6 +143,7 @@ class Resources:
             self.scheduler.attach_pool(self.pool)
             self.scheduler.on_step(PressureLevel.UNLOAD_LRU, self._unload_lru)
             self.scheduler.on_step(PressureLevel.RELEASE_IDLE, self._release_idle)
+            self.scheduler.on_level_change(self._reload_after_pressure)
         if cfg.telemetry:
             try:
                 from cuvil_edge.telemetry import TelemetryMonitor, expand_spec
@@ -276,8 +278,25 @@ class Resources:
             loop = asyncio.get_running_loop()
         except RuntimeError:
             return
+        # Remember it: once the ladder is back to NORMAL it is loaded again, so a squeeze that
+        # passes does not leave the daemon without the model it was serving.
+        self.unloaded_by_pressure.add(model)
         task = loop.create_task(reg.unload(model))
         task.add_done_callback(lambda t: t.exception())
+
+    def _reload_after_pressure(self, new: Any, old: Any, reason: str) -> None:
+        """Level listener: back at NORMAL, load again what the ladder unloaded."""
+        if int(new) != 0 or not self.unloaded_by_pressure or self.registry is None:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return
+        for model in sorted(self.unloaded_by_pressure):
+            log.warning("memory pressure over: loading %s again", model)
+            task = loop.create_task(self.registry.load(model))
+            task.add_done_callback(lambda t: t.exception())
+        self.unloaded_by_pressure.clear()
 
     def _release_idle(self, names: list[str]) -> None:
         # ONNX Runtime keeps its arena; what the daemon can drop are pooled host buffers. The

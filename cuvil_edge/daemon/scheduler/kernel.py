@@ -11,7 +11,9 @@ says it first:
 * the daemon's cgroup (systemd puts a unit in its own): v2 ``memory.current``, ``memory.max``
   (``MemoryMax=`` in the unit) and ``memory.events`` (``oom_kill`` counts kills inside the unit);
   v1 ``memory.usage_in_bytes``, ``memory.limit_in_bytes`` and ``memory.oom_control``. A limit
-  lower than the board's RAM *is* the RAM the daemon has.
+  lower than the board's RAM *is* the RAM the daemon has; what is left of it is the limit less the
+  working set (usage less inactive page cache, ``memory.stat``), since the kernel reclaims that
+  cache before it OOM-kills anything.
 
 :class:`KernelMemory` reads them (under a ``root``, so tests pass a fixture tree) and
 :meth:`KernelMemory.sample` turns one reading into a telemetry :class:`~cuvil_edge.telemetry.Sample`
@@ -161,11 +163,28 @@ class CgroupMemory:
 
     path: str
     version: int
-    current: int | None
+    current: int | None  # charged, page cache included
     limit: int | None  # None: no limit
     oom_kills: int | None
     oom_events: int | None  # v2 "oom" (allocations that hit the limit); v1 under_oom
     high_events: int | None
+    inactive_file: int | None = None  # page cache the kernel reclaims first, before any OOM
+
+    @property
+    def working_set(self) -> int | None:
+        """What the cgroup cannot give back without swapping: usage less inactive page cache (the
+        figure the kubelet and ``docker stats`` use). The cache a hog leaves behind is not pressure."""
+        if self.current is None:
+            return None
+        return max(0, self.current - (self.inactive_file or 0))
+
+
+def _stat(cgroup: Path, key: str) -> int | None:
+    for line in (_text(cgroup / "memory.stat") or "").splitlines():
+        k, _, v = line.partition(" ")
+        if k == key and v.strip().isdigit():
+            return int(v)
+    return None
 
 
 def read_cgroup_memory(cgroup: Path) -> CgroupMemory | None:
@@ -177,7 +196,8 @@ def read_cgroup_memory(cgroup: Path) -> CgroupMemory | None:
             if v.strip().isdigit():
                 events[k] = int(v)
         return CgroupMemory(str(cgroup), 2, _int(cgroup / "memory.current"), _int(cgroup / "memory.max"),
-                            events.get("oom_kill"), events.get("oom"), events.get("high"))
+                            events.get("oom_kill"), events.get("oom"), events.get("high"),
+                            _stat(cgroup, "inactive_file"))
     if (cgroup / "memory.usage_in_bytes").exists():
         ctl: dict[str, int] = {}
         for line in (_text(cgroup / "memory.oom_control") or "").splitlines():
@@ -185,7 +205,8 @@ def read_cgroup_memory(cgroup: Path) -> CgroupMemory | None:
             if v.strip().isdigit():
                 ctl[k] = int(v)
         return CgroupMemory(str(cgroup), 1, _int(cgroup / "memory.usage_in_bytes"),
-                            _int(cgroup / "memory.limit_in_bytes"), ctl.get("oom_kill"), ctl.get("under_oom"), None)
+                            _int(cgroup / "memory.limit_in_bytes"), ctl.get("oom_kill"), ctl.get("under_oom"), None,
+                            _stat(cgroup, "total_inactive_file"))
     return None
 
 
@@ -233,10 +254,10 @@ class KernelMemory:
         total = info.get("MemTotal")
         avail = info.get("MemAvailable", info.get("MemFree"))
         limited = False
-        if cg is not None and cg.limit is not None and cg.current is not None:
+        if cg is not None and cg.limit is not None and cg.working_set is not None:
             if total is None or cg.limit < total:
                 total, limited = cg.limit, True
-            left = max(0, cg.limit - cg.current)
+            left = max(0, cg.limit - cg.working_set)
             if avail is None or left < avail:
                 avail = left
         swap_total = info.get("SwapTotal")

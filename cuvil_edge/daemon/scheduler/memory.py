@@ -124,7 +124,7 @@ class PressureThresholds:
     inflight_is_free: bool = True
     psi_some_pct: float = 10.0
     psi_full_pct: float = 5.0
-    oom_kill_hold_s: float = 10.0
+    oom_kill_hold_s: float = 3.0
     growth_lookahead_s: float = 1.0
 
 
