@@ -42,6 +42,11 @@ class TestFetchView:
         with pytest.raises(TopError, match=r"127\.0\.0\.1:9/metrics: daemon not reachable"):
             fetch_view("http://127.0.0.1:9", timeout=2)
 
+    def test_help(self) -> None:
+        out = subprocess.run([sys.executable, "-m", "cuvil_edge.cli", "top", "--help"],
+                             capture_output=True, text=True, timeout=60, cwd=REPO)
+        assert out.returncode == 0 and "--ssh" in out.stdout and "q or Ctrl-C quits" in out.stdout
+
     def test_cli_exits_1_with_one_line(self) -> None:
         out = subprocess.run([sys.executable, "-m", "cuvil_edge.cli", "top", "--url", "http://127.0.0.1:9", "--once"],
                              capture_output=True, text=True, timeout=60, cwd=REPO)
