@@ -43,8 +43,10 @@ class TestFetchView:
             fetch_view("http://127.0.0.1:9", timeout=2)
 
     def test_help(self) -> None:
-        out = subprocess.run([sys.executable, "-m", "cuvil_edge.cli", "top", "--help"],
-                             capture_output=True, text=True, timeout=60, cwd=REPO)
+        import os
+
+        out = subprocess.run([sys.executable, "-m", "cuvil_edge.cli", "top", "--help"], capture_output=True,
+                             text=True, timeout=60, cwd=REPO, env={**os.environ, "COLUMNS": "200"})
         assert out.returncode == 0 and "--ssh" in out.stdout and "q or Ctrl-C quits" in out.stdout
 
     def test_cli_exits_1_with_one_line(self) -> None:
@@ -60,6 +62,11 @@ class TestFetchView:
         first = fetch_view(url)
         _load(d, 40)
         view = fetch_view(url, first)
+        deadline = time.monotonic() + 30
+        while view.models[0].depth is None and time.monotonic() < deadline:  # the first serving tick
+            time.sleep(0.2)
+            _load(d, 5)
+            view = fetch_view(url, view)
         (row,) = view.models
         assert (row.name, row.version) == ("digits", "1.0.0")
         assert row.requests_per_s and row.requests_per_s > 0
