@@ -15,7 +15,7 @@ if [ "$(id -u)" != 0 ]; then SUDO="sudo"; fi
 # test: also QEMU (aarch64 proofs), OpenSSH (deploy tests), minisign (signature interop),
 # systemd (systemd-analyze on the unit file), debootstrap (aarch64 Python root file system).
 APT_DEMO="build-essential cmake gcc-aarch64-linux-gnu g++-aarch64-linux-gnu"
-APT_TEST="$APT_DEMO qemu-user qemu-user-static qemu-system-arm openssh-server openssh-client minisign systemd debootstrap proot libglib2.0-dev iproute2 binutils-aarch64-linux-gnu"
+APT_TEST="$APT_DEMO tmux stress-ng qemu-user qemu-user-static qemu-system-arm openssh-server openssh-client minisign systemd debootstrap proot libglib2.0-dev iproute2 binutils-aarch64-linux-gnu"
 case "$job" in
   test) want="$APT_TEST" ;;
   *) want="$APT_DEMO" ;;

@@ -52,6 +52,7 @@ class ModelStats:
         self.cancelled = 0  # client went away
         self.batch: dict[int, list[_Duration]] = {}
         self.recent_queue_ns: deque[int] = deque(maxlen=512)
+        self.recent_request_ns: deque[int] = deque(maxlen=1024)  # answered requests, for p50/p99
 
     def queue_p95_ms(self) -> float | None:
         """p95 of the last few hundred queue delays, ms (None before any)."""
@@ -59,6 +60,13 @@ class ModelStats:
         if not recent:
             return None
         return recent[min(len(recent) - 1, int(0.95 * len(recent)))] / 1e6
+
+    def latency_ms(self, q: float) -> float | None:
+        """The ``q``-th percentile of the last thousand request durations, ms (None before any)."""
+        recent = sorted(self.recent_request_ns)
+        if not recent:
+            return None
+        return recent[min(len(recent) - 1, int(q / 100.0 * len(recent)))] / 1e6
 
     def record_batch(self, size: int, queue_ns: Iterable[int], input_ns: int, infer_ns: int,
                      output_ns: int, requests: int) -> None:
@@ -82,6 +90,7 @@ class ModelStats:
 
     def record_request(self, ok: bool, ns: int) -> None:
         """One request answered (on the event loop)."""
+        self.recent_request_ns.append(ns)
         if ok:
             self.success.add(ns)
         else:

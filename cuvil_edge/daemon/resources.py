@@ -91,6 +91,7 @@ class Resources:
         self._last_tick = time.monotonic()
         self._last_infer_ns: dict[str, int] = {}
         self.depths: dict[str, int] = {}
+        self.unloaded_by_pressure: set[str] = set()
         self.busy_pct = 0.0
         self.watchdog: Any = None
         # Batch buffers (concatenated inputs) come from one reused pool the scheduler accounts.
@@ -137,10 +138,12 @@ class Resources:
         except ImportError as exc:
             log.warning("memory co-scheduler unavailable (%s): loads are not checked against a budget", exc)
         else:
-            self.scheduler = MemoryScheduler(target=self.target, reserve_mb=cfg.memory_reserve_mb)
+            self.scheduler = MemoryScheduler(target=self.target, reserve_mb=cfg.memory_reserve_mb,
+                                             kernel=self._kernel_memory())
             self.scheduler.attach_pool(self.pool)
             self.scheduler.on_step(PressureLevel.UNLOAD_LRU, self._unload_lru)
             self.scheduler.on_step(PressureLevel.RELEASE_IDLE, self._release_idle)
+            self.scheduler.on_level_change(self._reload_after_pressure)
         if cfg.telemetry:
             try:
                 from cuvil_edge.telemetry import TelemetryMonitor, expand_spec
@@ -153,6 +156,23 @@ class Resources:
             except CuvilEdgeError as exc:
                 raise DaemonError(f"--telemetry {cfg.telemetry!r}: {exc}") from exc
             self.monitor.start()
+
+    @staticmethod
+    def _kernel_memory() -> Any:
+        """The kernel's memory signals (meminfo, PSI, this unit's cgroup), where /proc has them."""
+        if os.environ.get("CUVIL_EDGED_KERNEL_MEMORY", "1") == "0":
+            return None
+        try:
+            from cuvil_edge.daemon.scheduler import KernelMemory
+
+            kernel = KernelMemory()
+            kernel.read()
+        except Exception as exc:  # not Linux, or /proc unreadable: telemetry alone drives the ladder
+            log.info("kernel memory signals unavailable: %s", exc)
+            return None
+        if not os.path.exists("/proc/meminfo"):
+            return None
+        return kernel
 
     @staticmethod
     def _check_spec(item: str) -> None:
@@ -258,8 +278,25 @@ class Resources:
             loop = asyncio.get_running_loop()
         except RuntimeError:
             return
+        # Remember it: once the ladder is back to NORMAL it is loaded again, so a squeeze that
+        # passes does not leave the daemon without the model it was serving.
+        self.unloaded_by_pressure.add(model)
         task = loop.create_task(reg.unload(model))
         task.add_done_callback(lambda t: t.exception())
+
+    def _reload_after_pressure(self, new: Any, old: Any, reason: str) -> None:
+        """Level listener: back at NORMAL, load again what the ladder unloaded."""
+        if int(new) != 0 or not self.unloaded_by_pressure or self.registry is None:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return
+        for model in sorted(self.unloaded_by_pressure):
+            log.warning("memory pressure over: loading %s again", model)
+            task = loop.create_task(self.registry.load(model))
+            task.add_done_callback(lambda t: t.exception())
+        self.unloaded_by_pressure.clear()
 
     def _release_idle(self, names: list[str]) -> None:
         # ONNX Runtime keeps its arena; what the daemon can drop are pooled host buffers. The
@@ -289,7 +326,7 @@ class Resources:
                 if inst.inflight:
                     self.scheduler.touch(self.key(inst.name, inst.version))
             self.scheduler.set_dynamic_bytes(inflight)
-            if sample is not None:
+            if sample is not None or self.scheduler.kernel is not None:
                 self.scheduler.update(sample)
             level = int(self.scheduler.level)
         busy_total = 0.0
@@ -368,6 +405,7 @@ class Resources:
         g["cuvil_prefetch_depth"] = (
             "Batches allowed in flight (prefetch depth)",
             [({"model": k.rpartition(":")[0], "version": k.rpartition(":")[2]}, v) for k, v in self.depths.items()])
+        g.update(self._view_gauges(instances))
         if self.scheduler is not None:
             snap = self.scheduler.snapshot()
             for key, help_text in (("budget_bytes", "Memory budget: RAM - reserve - other processes"),
@@ -381,6 +419,49 @@ class Resources:
                 g[f"cuvil_memory_{key}"] = (help_text, [({}, snap[key])])
             g["cuvil_memory_pressure_level"] = (
                 "Pressure ladder step (0 normal .. 5 reject)", [({"step": snap["level_name"]}, snap["level"])])
+        return g
+
+    def _view_gauges(self, instances: list[Any]) -> dict[str, tuple[str, list[tuple[dict[str, str], Any]]]]:
+        """What ``cuvil-edge top`` shows beyond the counters: latency percentiles per model, the
+        prefetch depth's Little's-law need and why it last changed, the pressure step's reason."""
+        g: dict[str, tuple[str, list[tuple[dict[str, str], Any]]]] = {}
+
+        def lab(inst: Any) -> dict[str, str]:
+            return {"model": inst.name, "version": inst.version}
+
+        g["cuvil_model_latency_p50_ms"] = ("Median request duration over the last 1024 requests",
+                                           [(lab(i), i.stats.latency_ms(50)) for i in instances])
+        g["cuvil_model_latency_p99_ms"] = ("p99 request duration over the last 1024 requests",
+                                           [(lab(i), i.stats.latency_ms(99)) for i in instances])
+        need, info = [], []
+        for inst in instances:
+            ctl = self.prefetch.get(self.key(inst.name, inst.version))
+            if ctl is None:
+                continue
+            need.append((lab(inst), ctl.need))
+            reason = ctl.last_change_reason or f"unchanged ({ctl.last_decision.reason if ctl.last_decision else '-'})"
+            info.append(({**lab(inst), "reason": reason[:200]}, 1))
+        g["cuvil_prefetch_need"] = ("Depth that keeps the device fed (prepare/execute times)", need)
+        g["cuvil_prefetch_info"] = ("Why the prefetch depth last changed (reason label)", info)
+        if self.scheduler is not None:
+            g["cuvil_memory_pressure_info"] = ("Why the pressure ladder is at its step (reason label)",
+                                               [({"reason": str(self.scheduler.reason)[:200]}, 1)])
+            k = self.scheduler.kernel_reading
+            if k is not None:
+                psi, cg = k.pressure, k.cgroup
+                g["cuvil_memory_available_bytes"] = ("Kernel: MemAvailable, or the cgroup's limit - usage if less",
+                                                     [({}, k.available_bytes)])
+                if psi is not None:
+                    g["cuvil_memory_psi_some_avg10"] = ("Kernel PSI: % of the last 10 s some task stalled on memory",
+                                                        [({}, psi.some_avg10)])
+                    g["cuvil_memory_psi_full_avg10"] = ("Kernel PSI: % of the last 10 s all tasks stalled on memory",
+                                                        [({}, psi.full_avg10)])
+                if cg is not None:
+                    g["cuvil_memory_cgroup_current_bytes"] = ("Memory charged to the daemon's cgroup",
+                                                              [({}, cg.current)])
+                    g["cuvil_memory_cgroup_limit_bytes"] = ("The cgroup's memory limit (MemoryMax)", [({}, cg.limit)])
+                    g["cuvil_memory_cgroup_oom_kill_total"] = ("OOM kills inside the daemon's cgroup",
+                                                               [({}, cg.oom_kills)])
         return g
 
     def counters(self) -> dict[str, tuple[str, list[tuple[dict[str, str], Any]]]]:

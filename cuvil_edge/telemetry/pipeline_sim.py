@@ -9,8 +9,11 @@ with a video-style stream:
    oldest frame is dropped.
 2. The batcher forms a batch (up to ``max_batch`` frames, or what waited ``max_queue_delay_ms``)
    only while fewer than ``depth`` batches are in flight: *depth* is the prefetch depth.
-3. Pre-processing runs on ``cpu_workers`` cores (log-normal time per frame), then the batch waits
-   for the GPU, which runs batches one at a time in ``t0 + t1 * batch`` milliseconds divided by the
+3. Pre-processing runs on ``cpu_workers`` cores (log-normal time per frame): with
+   ``pre_parallel`` false (the default) one batch at a time is split over all cores; with it true
+   each batch is one task on a pool of ``cpu_workers`` threads, so up to ``cpu_workers`` batches
+   are prepared at once and only a deep enough pipeline keeps every worker busy (a daemon whose
+   decode and resize run per request on a thread pool). Then the batch waits for the GPU, which runs batches one at a time in ``t0 + t1 * batch`` milliseconds divided by the
    board's current speed factor (GPU share left by other processes × clock scale under throttling
    ÷ EMC contention slowdown).
 4. Every in-flight frame holds ``bytes_per_frame`` (decoded frame + model input + output); the
@@ -70,6 +73,8 @@ class Workload:
     resident_bytes: int = 300 * MiB
     restart_s: float = 5.0
     latency_target_ms: float = 400.0
+    pre_parallel: bool = False  # each batch one task on a pool of cpu_workers threads
+    queued_frame_bytes: int = int(3.1 * MiB)  # a captured frame waiting in the ring (decoded NV12 1080p)
 
 
 @dataclass
@@ -97,13 +102,17 @@ class PipelineResult:
     pressure_steps: dict[str, int] = field(default_factory=dict)
     budget_overruns: int = 0
     trace: list[dict[str, Any]] = field(default_factory=list)
+    oom_times: list[float] = field(default_factory=list)
     completions: list[tuple[float, float]] = field(default_factory=list)  # (time s, latency ms)
 
     def window(self, start: float, end: float) -> dict[str, float]:
         """Throughput and latency of the frames completed in ``[start, end)``."""
         lat = [ms for t, ms in self.completions if start <= t < end]
+        peaks = [x["peak_daemon_mb"] for x in self.trace if start < x["t"] <= end and "peak_daemon_mb" in x]
         return {"throughput_fps": len(lat) / (end - start) if end > start else math.nan,
-                "p50_ms": _pct(lat, 50), "p99_ms": _pct(lat, 99)}
+                "p50_ms": _pct(lat, 50), "p99_ms": _pct(lat, 99),
+                "peak_daemon_mb": max(peaks) if peaks else math.nan,
+                "oom_events": sum(1 for t in self.oom_times if start <= t < end)}
 
     def to_dict(self, with_trace: bool = False) -> dict[str, Any]:
         d = asdict(self)
@@ -185,6 +194,9 @@ class PipelineSim:
         in_flight = 0  # batches
         inflight_frames = 0
         cpu_free_at = 0.0
+        workers_free_at = [0.0] * max(1, w.cpu_workers)
+        pre_window: list[float] = []  # processing time of each batch formed (not its wait for a worker)
+        peak_tick_bytes = 0  # daemon memory peak since the last tick, tracked at every change
         gpu_queue: deque[tuple[list[float], float]] = deque()  # (arrivals, ready_time)
         gpu_busy_until = 0.0
         gpu_busy_accum = 0.0
@@ -212,7 +224,10 @@ class PipelineSim:
             return min(heads) if heads else None
 
         def report(now: float) -> None:
-            board.report_load(inflight_bytes=inflight_frames * w.bytes_per_frame + queued() * int(3.1 * MiB),
+            nonlocal peak_tick_bytes
+            daemon = (resident if now >= down_until else 0) + inflight_frames * w.bytes_per_frame
+            peak_tick_bytes = max(peak_tick_bytes, daemon)
+            board.report_load(inflight_bytes=inflight_frames * w.bytes_per_frame + queued() * w.queued_frame_bytes,
                               resident_bytes=resident if now >= down_until else 0)
 
         def oom_check(now: float) -> bool:
@@ -221,6 +236,7 @@ class PipelineSim:
             if board.ram_used_mb <= board.total_mb:
                 return False
             res.oom_events += 1
+            res.oom_times.append(round(now, 3))
             res.lost_to_oom += inflight_frames + queued()
             for r in rings:
                 r.clear()
@@ -241,7 +257,8 @@ class PipelineSim:
                 return
             while in_flight < self.depth and queued() > 0:
                 old = oldest()
-                batch_cap = self.scheduler.batch_cap(w.max_batch) if self.scheduler is not None else w.max_batch
+                batch_cap = (self.scheduler.batch_cap(w.max_batch, w.bytes_per_frame) if self.scheduler is not None
+                             else w.max_batch)
                 if queued() < batch_cap and old is not None and (now - old) * 1000 < w.max_queue_delay_ms:
                     push(old + w.max_queue_delay_ms / 1000 + 1e-9, "form")
                     return
@@ -255,10 +272,19 @@ class PipelineSim:
                     self.scheduler.begin_use("detector")
                 if oom_check(now):
                     return
-                pre = sum(_lognormal(self.rng, w.pre_ms, w.pre_cv) for _ in frames) / w.cpu_workers / 1000
-                start = max(now, cpu_free_at)
-                cpu_free_at = start + pre
-                push(cpu_free_at, "pre_done", (epoch, frames))
+                pre = sum(_lognormal(self.rng, w.pre_ms, w.pre_cv) for _ in frames) / 1000
+                if w.pre_parallel:
+                    k = min(range(len(workers_free_at)), key=workers_free_at.__getitem__)
+                    start = max(now, workers_free_at[k])
+                    workers_free_at[k] = start + pre
+                    done = start + pre
+                else:
+                    pre /= w.cpu_workers
+                    start = max(now, cpu_free_at)
+                    cpu_free_at = start + pre
+                    done = cpu_free_at
+                pre_window.append(pre * 1000)
+                push(done, "pre_done", (epoch, frames))
 
         def start_gpu(now: float) -> None:
             nonlocal gpu_running, gpu_busy_until
@@ -334,7 +360,7 @@ class PipelineSim:
                 daemon_bytes = (resident if now >= down_until else 0) + inflight_frames * w.bytes_per_frame
                 board.report_load(
                     busy_fraction=busy,
-                    inflight_bytes=inflight_frames * w.bytes_per_frame + queued() * int(3.1 * MiB),
+                    inflight_bytes=inflight_frames * w.bytes_per_frame + queued() * w.queued_frame_bytes,
                     resident_bytes=resident if now >= down_until else 0,
                     bandwidth_gbs=completed_window * w.dram_bytes_per_frame / self.dt / 1e9,
                     cpu_busy_cores=min(w.cpu_workers, completed_window * w.pre_ms / 1000 / self.dt),
@@ -346,7 +372,8 @@ class PipelineSim:
                 q95 = _pct(waits_window, 95) if waits_window else 0.0
                 pw95 = _pct(pwaits_window, 95) if pwaits_window else 0.0
                 exec_ms = sum(exec_window) / len(exec_window) if exec_window else None
-                waits_window, pwaits_window, exec_window = [], [], []
+                pre_batch_ms = sum(pre_window) / len(pre_window) if pre_window else None
+                waits_window, pwaits_window, exec_window, pre_window = [], [], [], []
                 blocked_pct = 100 * min(1.0, blocked_accum / self.dt)
                 blocked_accum = 0.0
                 level = 0
@@ -360,23 +387,32 @@ class PipelineSim:
                         sample, q95, w.latency_target_ms, memory_level=level, gpu_busy_pct=100 * busy,
                         prefetch_wait_p95_ms=pw95, exec_ms=exec_ms,
                         depth_blocked_pct=blocked_pct,
+                        **({"pre_ms": pre_batch_ms, "pre_workers": w.cpu_workers} if w.pre_parallel else {}),
                     )
-                    cap = self.scheduler.prefetch_cap(self.controller.max_depth) if self.scheduler is not None else want
+                    if self.scheduler is not None:
+                        batch_bytes = self.scheduler.batch_cap(w.max_batch, w.bytes_per_frame) * w.bytes_per_frame
+                        cap = self.scheduler.prefetch_cap(self.controller.max_depth,
+                                                          batch_bytes=batch_bytes)
+                    else:
+                        cap = want
                     self.depth = max(1, min(want, cap))
                 elif self.scheduler is not None and self.fixed_depth is not None:
                     self.depth = self.fixed_depth
                 depth_sum += self.depth
                 depth_n += 1
-                res.peak_daemon_mb = max(res.peak_daemon_mb, daemon_bytes / MiB)
+                peak_tick_bytes = max(peak_tick_bytes, daemon_bytes)
+                res.peak_daemon_mb = max(res.peak_daemon_mb, peak_tick_bytes / MiB)
                 res.peak_inflight_mb = max(res.peak_inflight_mb, inflight_frames * w.bytes_per_frame / MiB)
                 res.peak_board_used_mb = max(res.peak_board_used_mb, board.ram_used_mb)
                 res.trace.append({
                     "t": round(now, 3), "depth": self.depth, "gpu_util": sample.gpu_util_pct,
                     "emc_util": sample.emc_util_pct, "queue_p95_ms": round(q95, 2), "prefetch_wait_p95_ms": round(pw95, 2),
                     "blocked_pct": round(blocked_pct, 1), "free_mb": sample.ram_free_mb,
-                    "daemon_mb": round(daemon_bytes / MiB, 1), "level": level, "speed": round(board.speed_factor, 3),
+                    "daemon_mb": round(daemon_bytes / MiB, 1), "peak_daemon_mb": round(peak_tick_bytes / MiB, 1),
+                    "level": level, "speed": round(board.speed_factor, 3),
                     "temp_c": sample.max_temp_c,
                 })
+                peak_tick_bytes = daemon_bytes
                 try_form(now)
         res.throughput_fps = res.completed / duration_s
         res.p50_ms = _pct(latencies, 50)

@@ -144,6 +144,8 @@ class SimulatedBoard(TelemetrySource):
         self.clock_scale = 1.0  # GPU clock / max, < 1 while throttled
         self.swap_used_mb = 0.0
         self.scenarios: list[Scenario] = []
+        # Recorded GPU clock and temperatures replayed over a window (replay_clock).
+        self._clock_trace: list[tuple[float, float, dict[str, float]]] = []
         # What the daemon reported last.
         self.busy_fraction = 0.0
         self.resident_bytes = 0
@@ -217,6 +219,40 @@ class SimulatedBoard(TelemetrySource):
         """The enclosure heats up (fan blocked): ambient rises by ``ambient_rise_c``."""
         return self.add_scenario("thermal_throttle", start, duration, ambient_rise_c=ambient_rise_c)
 
+    def replay_clock(self, start: float, samples: list[Sample], gpu_max_mhz: float | None = None) -> float:
+        """Replay recorded GPU clocks and temperatures from ``start`` (simulator seconds).
+
+        Each recorded sample sets the clock scale (its GPU frequency over ``gpu_max_mhz``, the
+        board's maximum by default) and the temperatures until the next one, at the recorded
+        spacing; the thermal model takes over again after the last. Samples without a GPU
+        frequency keep the previous scale. Returns the replay's end time.
+
+        Raises:
+            TelemetryError: no sample carries a GPU frequency.
+        """
+        top = float(gpu_max_mhz or self.figures.gpu_max_mhz or 0.0)
+        if top <= 0 or not any(s.gpu_freq_mhz for s in samples):
+            raise TelemetryError("replay_clock: the recorded samples carry no GPU frequency to replay")
+        t0 = samples[0].timestamp
+        scale = 1.0
+        for s in samples:
+            if s.gpu_freq_mhz:
+                scale = max(0.05, min(1.0, float(s.gpu_freq_mhz) / top))
+            self._clock_trace.append((float(start) + (s.timestamp - t0), scale, dict(s.temps_c or {})))
+        self._clock_trace.sort(key=lambda x: x[0])
+        return self._clock_trace[-1][0]
+
+    def _replayed(self) -> tuple[float, dict[str, float]] | None:
+        """The recorded (clock scale, temperatures) in force now, or None outside a replay."""
+        cur = None
+        for t, scale, temps in self._clock_trace:
+            if t > self.t:
+                break
+            cur = (scale, temps)
+        if cur is None or self.t > self._clock_trace[-1][0] + self.interval_s:
+            return None
+        return cur
+
     def _active(self, kind: str) -> list[Scenario]:
         return [s for s in self.scenarios if s.kind == kind and s.active(self.t)]
 
@@ -276,7 +312,13 @@ class SimulatedBoard(TelemetrySource):
         ambient = self.ambient_c + sum(s.params.get("ambient_rise_c", 0.0) for s in self._active("thermal_throttle"))
         target_t = ambient + 55.0 * power / fig.max_mw
         self.temp_c += (target_t - self.temp_c) * (1.0 - math.exp(-dt / 20.0))
-        if self.temp_c >= self.throttle_c:
+        replayed = self._replayed() if self._clock_trace else None
+        if replayed is not None:
+            self.clock_scale = replayed[0]
+            rec_temps = [v for v in replayed[1].values() if v is not None]
+            if rec_temps:
+                self.temp_c = max(rec_temps)
+        elif self.temp_c >= self.throttle_c:
             self.clock_scale = max(0.5, self.clock_scale - 0.1 * dt)
         elif self.temp_c < self.throttle_c - 5.0:
             self.clock_scale = min(1.0, self.clock_scale + 0.1 * dt)

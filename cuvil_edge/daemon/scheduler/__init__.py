@@ -7,6 +7,7 @@ pressure ladder; ``PrefetchController`` picks the pipeline depth. Both are plain
 
 from __future__ import annotations
 
+from cuvil_edge.daemon.scheduler.kernel import KernelMemory
 from cuvil_edge.daemon.scheduler.memory import (
     MemoryBudgetError,
     MemoryScheduler,
@@ -19,6 +20,7 @@ from cuvil_edge.daemon.scheduler.memory import (
 from cuvil_edge.daemon.scheduler.prefetch import PrefetchController, PrefetchDecision
 
 __all__ = [
+    "KernelMemory",
     "MemoryBudgetError",
     "MemoryScheduler",
     "PlacementPolicy",

@@ -38,6 +38,7 @@ Typical use by the server::
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import logging
 import os
@@ -93,12 +94,24 @@ class PressureThresholds:
     """When each ladder step starts, as free RAM in percent of board RAM (tegrastats' view).
 
     ``free_pct[k]`` is the free-RAM level below which step ``k+1`` applies. ``exit_margin_pct`` is
-    added when testing whether a step may be left (hysteresis). A largest free block smaller than
+    added when testing whether a step may be left (hysteresis), at most half the gap to the line
+    above. A largest free block smaller than
     ``lfb_min_kb`` (fragmentation: no 4 MB block left) or fewer than ``lfb_min_blocks`` free
     blocks raise the level by one when RAM is already short (``free_pct[0]``), and swap growing
     faster than ``swap_growth_mb_s`` raises it by one in any case.
     Headroom of our own budget below ``headroom_pct`` of the budget asks for at least
     ``CAP_BATCH``; a negative headroom (others grew into our share) for ``UNLOAD_LRU``.
+    With ``inflight_is_free`` the free-RAM lines count the daemon's own in-flight buffers
+    (``set_dynamic_bytes``) as free: the ladder measures the pressure *others* put on the board,
+    while the daemon's own buffers are bounded by :meth:`MemoryScheduler.prefetch_cap`, which
+    sheds them within one batch time. Without it the daemon's own prefetch could push the ladder
+    up and the ladder then starve the pipeline that caused it. The room that cap leaves above its
+    guard line grows by ``growth_lookahead_s`` seconds of other processes' RAM growth, so buffers
+    are shed before a fast-growing neighbour reaches them, not after.
+    From the kernel (``MemoryScheduler(kernel=KernelMemory())``): PSI ``some`` avg10 at or above
+    ``psi_some_pct`` raises the level by one (at least SHRINK_PREFETCH), ``full`` avg10 at or above
+    ``psi_full_pct`` asks for UNLOAD_LRU, and a new OOM kill in the daemon's cgroup holds REJECT for
+    ``oom_kill_hold_s``.
     """
 
     free_pct: tuple[float, float, float, float, float] = (10.0, 7.0, 5.0, 3.5, 2.0)
@@ -108,6 +121,11 @@ class PressureThresholds:
     swap_growth_mb_s: float = 8.0
     headroom_pct: float = 5.0
     calm_samples: int = 3
+    inflight_is_free: bool = True
+    psi_some_pct: float = 10.0
+    psi_full_pct: float = 5.0
+    oom_kill_hold_s: float = 3.0
+    growth_lookahead_s: float = 1.0
 
 
 @dataclass
@@ -194,6 +212,10 @@ class MemoryScheduler:
             ``PressureThresholds()``.
         clock (Callable[[], float]): monotonic clock (tests and the simulator pass their own).
             Defaults to ``time.monotonic``.
+        kernel (KernelMemory | None): the kernel's signals (``/proc/meminfo``, PSI, the cgroup),
+            read at each update: RAM is the tighter of the sample's and the kernel's, and the
+            ladder also answers PSI and OOM kills in the cgroup. ``update(None)`` then works
+            without a telemetry source. Defaults to None.
     """
 
     def __init__(
@@ -205,6 +227,7 @@ class MemoryScheduler:
         reserve_mb: float | None = None,
         thresholds: PressureThresholds | None = None,
         clock: Callable[[], float] | None = None,
+        kernel: Any = None,
     ) -> None:
         if total_bytes is None:
             if target is not None:
@@ -235,6 +258,13 @@ class MemoryScheduler:
         self._last_sample: Sample | None = None
         self._swap_prev: tuple[float, float] | None = None
         self.swap_growth_mb_s: float | None = None
+        self.kernel = kernel
+        self.kernel_reading: Any = None
+        self._oom_kills: int | None = None
+        self._oom_kill_seen_at: float | None = None
+        self._other_prev: tuple[float, int] | None = None
+        self.other_growth_mb_s: float | None = None  # how fast other processes take RAM (sustained)
+        self._other_rates: tuple[float, float] = (0.0, 0.0)
         self.steps_total: dict[str, int] = {lvl.name: 0 for lvl in PressureLevel if lvl}
         self.rejected_admissions = 0
         self.samples_seen = 0
@@ -448,10 +478,18 @@ class MemoryScheduler:
         reasons: list[str] = []
         free_mb = sample.ram_free_mb
         total_mb = sample.ram_total_mb or self.total_bytes / MiB
+        if free_mb is not None and th.inflight_is_free:
+            # Our own in-flight buffers are not pressure from others: the depth cap
+            # (prefetch_cap with batch_bytes) gives them back within one batch time.
+            free_mb += self.dynamic_bytes / MiB
         if free_mb is not None and total_mb:
             free_pct = 100.0 * free_mb / total_mb
             for k, limit in enumerate(th.free_pct):
-                if free_pct < limit + margin:
+                # The exit margin is capped at half the gap to the line above: a margin wider than
+                # the spacing of the lines would hold a level two lines up after a brief spike
+                # (swap growth, fragmentation) had raised it there.
+                m = margin if k == 0 else min(margin, 0.5 * (th.free_pct[k - 1] - limit))
+                if free_pct < limit + m:
                     level = PressureLevel(k + 1)
             if level:
                 reasons.append(f"free RAM {free_pct:.1f}%")
@@ -468,6 +506,18 @@ class MemoryScheduler:
         if self.swap_growth_mb_s is not None and self.swap_growth_mb_s > th.swap_growth_mb_s:
             level = PressureLevel(min(PressureLevel.REJECT, level + 1))
             reasons.append(f"swap growing {self.swap_growth_mb_s:.1f} MB/s")
+        psi = self.kernel_reading.pressure if self.kernel_reading is not None else None
+        if psi is not None:
+            # Stalls are the kernel saying reclaim is not keeping up, before any OOM kill.
+            if psi.full_avg10 is not None and psi.full_avg10 >= th.psi_full_pct - margin:
+                level = max(level, PressureLevel.UNLOAD_LRU)
+                reasons.append(f"PSI full {psi.full_avg10:.1f}%")
+            elif psi.some_avg10 >= th.psi_some_pct - margin:
+                level = PressureLevel(min(PressureLevel.REJECT, max(level + 1, PressureLevel.SHRINK_PREFETCH)))
+                reasons.append(f"PSI some {psi.some_avg10:.1f}%")
+        if self._oom_kill_seen_at is not None and self._clock() - self._oom_kill_seen_at < th.oom_kill_hold_s:
+            level = PressureLevel.REJECT
+            reasons.append("OOM kill in the daemon's cgroup")
         budget = self.budget_bytes
         headroom = self.headroom_bytes
         if headroom < 0 and self._res:
@@ -478,17 +528,56 @@ class MemoryScheduler:
             reasons.append(f"headroom {headroom / MiB:.0f} MiB")
         return level, ", ".join(reasons) or "ok"
 
-    def update(self, sample: Sample) -> PressureLevel:
+    def _with_kernel(self, sample: Sample | None) -> Sample | None:
+        """Read the kernel (when given) and tighten ``sample``'s RAM figures with it."""
+        if self.kernel is None:
+            return sample
+        try:
+            reading = self.kernel.read()
+        except Exception as exc:  # a vanished cgroup must not stop the ladder
+            log.debug("kernel memory signals unreadable: %s", exc)
+            return sample
+        self.kernel_reading = reading
+        kills = reading.cgroup.oom_kills if reading.cgroup is not None else None
+        if kills is not None:
+            if self._oom_kills is not None and kills > self._oom_kills:
+                self._oom_kill_seen_at = self._clock()
+                log.warning("memory: %d OOM kill(s) in the daemon's cgroup", kills - self._oom_kills)
+            self._oom_kills = kills
+        ksample = self.kernel.sample(reading)
+        if sample is None:
+            return ksample
+        free = sample.ram_free_mb
+        kfree = ksample.ram_free_mb
+        if kfree is not None and (free is None or kfree < free):
+            return dataclasses.replace(sample, ram_used_mb=ksample.ram_used_mb, ram_total_mb=ksample.ram_total_mb)
+        return sample
+
+    def update(self, sample: Sample | None) -> PressureLevel:
         """Re-evaluate the budget and the ladder from a telemetry sample; returns the level.
 
-        Safe to pass as a :class:`~cuvil_edge.telemetry.TelemetryMonitor` subscriber.
+        With a ``kernel`` reader the sample's RAM is tightened by the kernel's view, and ``None``
+        (no telemetry source) uses the kernel's view alone. Safe to pass as a
+        :class:`~cuvil_edge.telemetry.TelemetryMonitor` subscriber.
         """
+        sample = self._with_kernel(sample)
+        if sample is None:
+            return self.level
         actions: list[tuple[PressureLevel, dict[str, Any]]] = []
         with self._lock:
             self.samples_seen += 1
             if sample.ram_used_mb is not None:
                 ours = sum(r.bytes for r in self._res.values() if r.measured_bytes is not None) + self.dynamic_bytes
                 self.other_bytes = max(0, int(sample.ram_used_mb * MiB) - ours)
+                if self._other_prev is None or sample.timestamp - self._other_prev[0] >= 0.25:
+                    if self._other_prev is not None:
+                        dt = sample.timestamp - self._other_prev[0]
+                        rate = (self.other_bytes - self._other_prev[1]) / MiB / dt
+                        # Sustained growth only: the lesser of the last two rates, so buffers of
+                        # others that come and go (capture rings, page cache) do not count.
+                        self._other_rates = (self._other_rates[1], rate)
+                        self.other_growth_mb_s = min(self._other_rates)
+                    self._other_prev = (sample.timestamp, self.other_bytes)
             if sample.swap_used_mb is not None:
                 # A rate needs a time base: samples closer than 0.25 s (a fast replay) keep the last one.
                 if self._swap_prev is None or sample.timestamp - self._swap_prev[0] >= 0.25:
@@ -564,21 +653,60 @@ class MemoryScheduler:
 
     # ------------------------------------------------------------------ what the server applies
 
-    def prefetch_cap(self, max_depth: int, min_depth: int = 1) -> int:
-        """The deepest prefetch allowed now: ``max_depth`` normally, half at SHRINK_PREFETCH,
-        ``min_depth`` from CAP_BATCH up."""
-        if self.level >= PressureLevel.CAP_BATCH:
+    def prefetch_cap(self, max_depth: int, min_depth: int = 1, batch_bytes: int | None = None) -> int:
+        """The deepest prefetch allowed now.
+
+        Without ``batch_bytes``: ``max_depth`` normally, half at SHRINK_PREFETCH, ``min_depth``
+        from CAP_BATCH up. With ``batch_bytes`` (what one batch in flight holds) the steps below
+        UNLOAD_LRU cap the depth to what *fits*: the batches whose bytes, with those in flight now,
+        leave free RAM above a guard line just over
+        REJECT (:meth:`_room_bytes`). So a
+        squeeze that leaves room for three batches keeps three, not one: halving blindly starves
+        the device while the RAM it frees is not needed. From UNLOAD_LRU up: ``min_depth``.
+        """
+        if self.level >= PressureLevel.UNLOAD_LRU:
             return min_depth
         if self.level >= PressureLevel.SHRINK_PREFETCH:
+            room = self._room_bytes() if batch_bytes and batch_bytes > 0 else None
+            if room is not None and batch_bytes:
+                return max(min_depth, min(max_depth, int(room // batch_bytes)))
+            if self.level >= PressureLevel.CAP_BATCH:
+                return min_depth
             return max(min_depth, max_depth // 2)
         return max_depth
 
-    def batch_cap(self, max_batch: int) -> int:
+    def batch_cap(self, max_batch: int, item_bytes: int | None = None) -> int:
         """The largest batch allowed now: half of ``max_batch`` from CAP_BATCH up (each later step
-        adds its own measure rather than squeezing batches further)."""
+        adds its own measure rather than squeezing batches further).
+
+        With ``item_bytes`` (what one request in flight holds) the depth cap of
+        :meth:`prefetch_cap` already bounds the bytes in flight, so below UNLOAD_LRU the batch is
+        cut only when one full batch does not fit in the room: halving it anyway costs throughput
+        (each batch pays the fixed launch cost) and frees nothing the depth cap did not.
+        """
         if self.level >= PressureLevel.CAP_BATCH:
+            room = self._room_bytes() if item_bytes else None
+            if room is not None and self.level < PressureLevel.UNLOAD_LRU:
+                return max(1, min(max_batch, int(room // item_bytes)))
             return max(1, max_batch // 2)
         return max_batch
+
+    def _room_bytes(self) -> float | None:
+        """Bytes the daemon may hold in flight: those in flight now plus the free RAM above a guard
+        line halfway between the UNLOAD_LRU and REJECT lines (2.75% of RAM by default), so the
+        daemon's own buffers never push the board into rejecting requests. The sum does not change as the daemon's own
+        buffers grow (free RAM falls by what they gain), so the cap it gives is stable. None
+        without a free-RAM reading."""
+        sample = self._last_sample
+        free_mb = sample.ram_free_mb if sample is not None else None
+        if free_mb is None:
+            return None
+        total_mb = sample.ram_total_mb if sample is not None and sample.ram_total_mb else self.total_bytes / MiB
+        th = self.thresholds
+        guard_mb = (th.free_pct[4] + 0.5 * (th.free_pct[3] - th.free_pct[4])) / 100.0 * total_mb
+        # Others growing: keep free what they take before the next decisions can shed buffers.
+        guard_mb += max(0.0, self.other_growth_mb_s or 0.0) * th.growth_lookahead_s
+        return max(0.0, self.dynamic_bytes + (free_mb - guard_mb) * MiB)
 
     def should_reject(self) -> bool:
         """True while new requests must get 503 with ``Retry-After``."""
@@ -609,5 +737,6 @@ class MemoryScheduler:
                 "steps_total": dict(self.steps_total),
                 "rejected_admissions": self.rejected_admissions,
                 "swap_growth_mb_s": self.swap_growth_mb_s,
+                "kernel": self.kernel_reading.to_dict() if self.kernel_reading is not None else None,
                 "models": {r.name: r.to_dict() for r in self._res.values()},
             }

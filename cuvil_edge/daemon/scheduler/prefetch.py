@@ -24,6 +24,18 @@ hill climb that stops at the knee of the throughput-vs-depth curve):
   ``queue_gain``, it steps back: the shallowest depth within tolerance of the best is kept, and the
   depth that bought nothing is off limits for a while (the same ceiling as after a cut).
 
+When the stage times are known (``pre_ms``: how long preparing one batch takes, ``exec_ms``: how
+long the device runs one), the depth that keeps the device fed follows from Little's law instead
+of a probe: while one batch executes the next ones must be in preparation, so the device never
+starves once ``depth >= 1 + pre_ms / exec_ms`` (at most one more than the ``pre_workers`` that
+prepare batches in parallel). That depth (:attr:`PrefetchController.need`) is where the
+controller goes when requests wait for a slot, in one step and without a trial, and where it
+comes back to when a prepared batch waits for the device (one slot too many: latency and memory,
+no throughput). It tracks the board: a GPU shared with another process or throttled lengthens
+``exec_ms`` and so lowers the depth needed; a light model on a free GPU raises it. The throttle
+ceiling (``throttle_depth``) then yields to it, since the slowed execution time is already in the
+figure. Memory pressure and a queue delay over the objective still cut below it.
+
 Against noisy samples it smooths inputs with an EWMA, asks for ``patience_up`` agreeing samples
 before going deeper (additive increase, one step) but cuts at once on a hard signal. A queue delay
 over the target that depth causes is cut straight to the depth that leaves one prepared batch
@@ -68,6 +80,7 @@ class PrefetchDecision:
     latency_target_ms: float | None
     memory_level: int
     throttled: bool
+    need: int | None = None  # Little's-law depth, when the stage times are known
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -116,6 +129,21 @@ class PrefetchController:
             to be kept. Defaults to 0.25.
         dwell (int): samples at a new depth before the trial is judged (the first two are left
             out: the pipeline is still filling). Defaults to 8.
+        need_slack (float): slack, in execution times, the Little's-law depth keeps for the spread
+            of preparation times (``need = 1 + ceil(pre/exec + slack)``): when preparing a batch
+            takes about as long as executing one, the slower half of the preparations would
+            starve the device at ``1 + pre/exec`` exactly. Defaults to 0.25.
+        need_band (float): hysteresis, in execution times: the depth comes down only to
+            ``1 + ceil(pre/exec + slack + band)``, so a ratio near an integer does not make the
+            depth flap. Defaults to 0.25.
+        stage_alpha (float): EWMA weight of the newest stage times. Each is already a mean over
+            the interval's batches, and a board change (another process takes the GPU, the
+            clock drops) shows in them at once: they are smoothed less than the utilizations.
+            Defaults to 0.6.
+        throttle_clock_fraction (float): the GPU clock a hot board is expected to throttle to, as a
+            fraction of its maximum; while hot with the clock still up the depth is planned for
+            it. Defaults to 0.5 (the simulator's floor; Jetson thermal throttling steps the GPU
+            clock down through several levels).
         initial_depth (int | None): starting depth. Defaults to ``min(2, max_depth)`` clamped.
         history (int): decisions kept in :attr:`decisions`. Defaults to 256.
     """
@@ -142,6 +170,10 @@ class PrefetchController:
         gain_min: float = 0.05,
         queue_gain: float = 0.25,
         dwell: int = 8,
+        need_slack: float = 0.25,
+        need_band: float = 0.25,
+        stage_alpha: float = 0.6,
+        throttle_clock_fraction: float = 0.5,
         initial_depth: int | None = None,
         history: int = 256,
     ) -> None:
@@ -170,6 +202,16 @@ class PrefetchController:
         self.gain_min = float(gain_min)
         self.queue_gain = float(queue_gain)
         self.dwell = int(dwell)
+        self.need_slack = float(need_slack)
+        self.need_band = float(need_band)
+        self.stage_alpha = float(stage_alpha)
+        self.throttle_clock_fraction = float(throttle_clock_fraction)
+        self.need: int | None = None
+        self._last_change_reason: str | None = None
+        self._memory_level = 0
+        self._hot = False
+        self._pre: float | None = None
+        self._exec: float | None = None
         start = initial_depth if initial_depth is not None else 2
         self.depth = min(self.max_depth, max(self.min_depth, int(start)))
         self.decisions: deque[PrefetchDecision] = deque(maxlen=history)
@@ -198,8 +240,11 @@ class PrefetchController:
 
     def _throttled(self, sample: Sample) -> str | None:
         die = [v for k, v in sample.temps_c.items() if k not in NON_DIE_SENSORS]
-        if die and max(die) >= self.temp_limit_c:
-            return f"temperature {max(die):.1f} C >= {self.temp_limit_c:.0f} C"
+        # Hysteresis of 3 C: a die hovering at the limit does not flip the flag every sample.
+        hot_line = self.temp_limit_c - (3.0 if self._hot else 0.0)
+        self._hot = bool(die) and max(die) >= hot_line
+        if self._hot:
+            return f"temperature {max(die):.1f} C >= {hot_line:.0f} C"
         if sample.gpu_freq_mhz:
             self._gpu_freq_max = max(self._gpu_freq_max or 0.0, float(sample.gpu_freq_mhz))
             busy = sample.gpu_util_pct is not None and sample.gpu_util_pct >= 50
@@ -284,6 +329,8 @@ class PrefetchController:
         exec_ms: float | None = None,
         depth_blocked_pct: float | None = None,
         completed_per_s: float | None = None,
+        pre_ms: float | None = None,
+        pre_workers: int | None = None,
     ) -> int:
         """Take one control step and return the depth to use.
 
@@ -313,6 +360,11 @@ class PrefetchController:
             completed_per_s (float | None): requests (items) completed per second over the
                 interval (the rate of ``nv_inference_count``). What a deeper step is judged by;
                 without it the device occupancy stands in for it.
+            pre_ms (float | None): mean time preparing one batch took over the interval (its own
+                processing, not its wait for a worker). With ``exec_ms`` it gives the depth that
+                keeps the device fed (Little's law); without it the controller probes instead.
+            pre_workers (int | None): batches that can be prepared at once (worker threads);
+                one more than this is the deepest depth that can still help.
 
         Returns:
             int: the new depth, within ``[min_depth, max_depth]``.
@@ -351,38 +403,115 @@ class PrefetchController:
             starving = waiting_batches < 0.25
         # What a deeper step is judged by: completed throughput, else our device occupancy.
         thr = completed_per_s if completed_per_s is not None else gpu_raw
+        if pre_ms is not None and exec_ms:
+            self._pre = _ewma(self._pre, pre_ms, self.stage_alpha)
+            self._exec = _ewma(self._exec, exec_ms, self.stage_alpha)
+        need: int | None = None
+        need_down: int | None = None
+        ratio_pe: float | None = None
+        if self._pre is not None and self._exec:
+            # A band against noise: deeper up to the depth that the ratio less the margin asks
+            # for, shallower only down to the one the ratio plus the margin asks for.
+            ratio_pe = self._pre / self._exec
+            need = 1 + max(0, math.ceil(ratio_pe + self.need_slack))
+            need_down = 1 + max(0, math.ceil(ratio_pe + self.need_slack + self.need_band))
+            if pre_workers:
+                need = min(need, int(pre_workers) + 1)
+                need_down = min(need_down, int(pre_workers) + 1)
+            need = min(self.max_depth, max(self.min_depth, need))
+            need_down = min(self.max_depth, max(self.min_depth, need_down))
+        self.need = need
         self._recent.append((self.depth, None if thr is None else float(thr), queue_delay_p95_ms))
 
         prev = self.depth
         # While throttled the pipeline keeps at most double buffering (``throttle_depth``): the
         # clocks are down, deeper would only queue more work and hold more memory. Double
         # buffering itself is kept only while the queue delay stays inside the latency objective.
-        limit = self.max_depth if self._ceiling is None else min(self.max_depth, self._ceiling - 1)
+        # The ceiling guards probes; with the stage times known nothing is probed, so none applies.
+        limit = self.max_depth if (self._ceiling is None or need is not None) else min(self.max_depth, self._ceiling - 1)
         if throttle:
-            limit = min(limit, max(self.min_depth, self.throttle_depth))
+            # Hot, plan for the throttled clock before it falls: a slot kept for today's clock
+            # would fill with one more full batch (memory, latency) as throughput falls under the
+            # load, and the measured execution time lags the falling clock.
+            hot_need: int | None = None
+            if ratio_pe is not None:
+                # Execution at the throttled clock f takes c/f times as long as at today's clock c
+                # (as fractions of the maximum); below f the measured ratio stands.
+                freq = sample.gpu_freq_mhz if sample is not None else None
+                c = freq / self._gpu_freq_max if freq and self._gpu_freq_max else self.throttle_clock_fraction
+                r = ratio_pe * min(1.0, self.throttle_clock_fraction / max(c, 1e-3))
+                hot_need = 1 + max(0, math.ceil(r + self.need_slack))
+            cap = self.throttle_depth if hot_need is None else max(self.throttle_depth, hot_need)
+            limit = min(limit, max(self.min_depth, cap))
         hard: str | None = None
         hard_to: int | None = None
         soft: str | None = None
         up: str | None = None
         knee: str | None = None
+        fit: str | None = None  # model mode: move to ``fit_to``
+        fit_to: int | None = None
+        blocked = depth_blocked_pct is None or depth_blocked_pct >= self.blocked_min_pct
         if memory_level > 0:
+            # No deeper while memory is short. With the stage times known there is no blind cut
+            # either: the scheduler's cap (the depth whose batches fit in free RAM,
+            # ``MemoryScheduler.prefetch_cap`` with ``batch_bytes``) bounds the depth applied, so a
+            # level that holds does not halve again and again down to a starving pipeline.
+            limit = min(limit, prev)
+        if memory_level > 0 and need is None:
             hard = f"memory pressure level {memory_level}"
-        elif qratio is not None and qratio >= 1.0 and depth_hurts:
+        elif qratio is not None and qratio >= 1.0 and depth_hurts and (need_down is None or prev > need_down):
             hard = f"queue p95 {queue_delay_p95_ms:.1f} ms >= target {latency_target_ms:.1f} ms"
             if waiting_batches is not None:
                 # Keep one prepared batch waiting for the device, no more: that many slots too many.
                 hard_to = prev - max(1, int(math.floor(waiting_batches - 1.0 + 0.5)))
-        elif throttle and qratio is not None and qratio >= 1.0:
+                if need_down is not None:
+                    # Under the depth that feeds the device the queue only grows (overload).
+                    hard_to = max(hard_to, need_down)
+        elif throttle and qratio is not None and qratio >= 1.0 and (need_down is None or prev > need_down):
             # Throttled, the latency objective comes before throughput: with the clocks down each
             # batch held ready behind the running one costs a (slowed) execution of latency.
             hard = f"{throttle}, queue p95 {queue_delay_p95_ms:.1f} ms >= target {latency_target_ms:.1f} ms"
             hard_to = min(prev - 1, limit)
+        elif throttle and prev > limit and need is not None:
+            hard, hard_to = throttle, limit
         elif throttle and prev > limit:
             soft = throttle
         elif self._emc is not None and self._emc >= self.emc_high_pct:
             soft = f"EMC {self._emc:.0f}% >= {self.emc_high_pct:.0f}%"
-        elif self._qratio is not None and self._qratio >= self.queue_fraction and depth_hurts:
+        elif self._qratio is not None and self._qratio >= self.queue_fraction and depth_hurts and (
+                need_down is None or prev > need_down):
             soft = f"queue p95 at {100 * self._qratio:.0f}% of the target"
+        elif need is not None:
+            self._trial = None
+            ratio = f"prepare {self._pre:.1f} ms / execute {self._exec:.1f} ms"
+            # Light load: the device has time to spare, so requests that wait for a slot wait for
+            # preparation, and one slot past ``need`` prepares one more batch at once (lower
+            # latency; the batches stay small, so it holds little memory). Never while memory is
+            # short, the board is hot or the memory bus is busy.
+            # The spare slot is taken while requests wait for a slot and kept while the load stays
+            # light (a slot that stops requests waiting must not be given back for doing so).
+            # The raw reading too, not only the smoothed one: the smoothing lags a sudden overload.
+            light = (self._gpu is not None and self._gpu < self.gpu_util_target - self.deadband_pct
+                     and gpu_raw is not None and gpu_raw < self.gpu_util_target - self.deadband_pct
+                     and (self._emc is None or self._emc < self.emc_high_pct - 10.0)
+                     and memory_level == 0 and not throttle
+                     # and requests are served well inside the objective (an overloaded device
+                     # sharing its time with another process can read under the target too)
+                     and (qratio is None or qratio < self.queue_fraction)
+                     and (self._qratio is None or self._qratio < self.queue_fraction))
+            spare = light and blocked
+            workers_cap = int(pre_workers) + 1 if pre_workers else self.max_depth
+            top = max(need, min(need + 1 if spare else need, workers_cap, limit, self.max_depth))
+            keep = max(need, min(need + 1 if light else need, workers_cap, limit, self.max_depth))
+            down_to = max(need_down or need, keep)
+            if prev < min(top, limit) and blocked and (self._emc is None or self._emc < self.emc_high_pct) \
+                    and not (throttle and self._qratio is not None and self._qratio >= self.queue_fraction):
+                fit_to = min(top, limit)
+                extra = ", light load: one spare slot" if fit_to > need else ""
+                fit = f"depth {fit_to} keeps the device fed ({ratio}{extra})"
+            elif prev > down_to and (spare or (waiting_batches is not None and depth_hurts)):
+                fit_to = down_to
+                fit = f"depth {down_to} keeps the device fed, a prepared batch waits ({ratio})"
         else:
             knee = self._judge_trial(prev)
             if knee is None and self._trial is None and (
@@ -421,6 +550,23 @@ class PrefetchController:
                 self._down_votes = 0
             else:
                 reason = f"hold ({soft}, {self._down_votes}/{self.patience_down})"
+        elif fit:
+            want = fit_to if fit_to is not None else prev
+            if want > prev:
+                self._down_votes = 0
+                self._up_votes += 1
+                # Measured stage times, not a guess: one sample suffices (requests wait meanwhile).
+                if self._since_change > self.cooldown:
+                    new, reason, self._up_votes = want, f"deeper: {fit}", 0
+                else:
+                    reason = f"hold ({fit}, cooldown)"
+            else:
+                self._up_votes = 0
+                self._down_votes += 1
+                if self._down_votes >= self.patience_down and self._since_change > self.cooldown:
+                    new, reason, self._down_votes = max(self.min_depth, want), f"shallower: {fit}", 0
+                else:
+                    reason = f"hold ({fit}, {self._down_votes}/{self.patience_down})"
         elif knee:
             self._up_votes = 0
             self._down_votes = 0
@@ -444,9 +590,10 @@ class PrefetchController:
             if self._trial is not None:
                 reason = f"hold (trial of depth {prev}, {self.updates - self._trial['at']}/{self.dwell})"
 
+        self._memory_level = int(memory_level)
         direction = (new > prev) - (new < prev)
         if direction:
-            if direction < 0:
+            if direction < 0 and not fit:
                 # Hitting the same edge again doubles how long it stays off limits (up to 8x).
                 self._ttl_mult = min(8, self._ttl_mult * 2) if prev == self._last_cut_from else 1
                 self._last_cut_from = prev
@@ -459,6 +606,7 @@ class PrefetchController:
             self.changes += 1
             self.depth = new
             self._recent.clear()
+            self._last_change_reason = reason
         decision = PrefetchDecision(
             timestamp=sample.timestamp if sample is not None else math.nan,
             depth=new,
@@ -471,6 +619,7 @@ class PrefetchController:
             latency_target_ms=latency_target_ms,
             memory_level=int(memory_level),
             throttled=throttle is not None,
+            need=need,
         )
         self.decisions.append(decision)
         if direction:
@@ -478,6 +627,14 @@ class PrefetchController:
         else:
             log.debug("prefetch depth %d: %s", new, reason)
         return new
+
+    @property
+    def last_change_reason(self) -> str | None:
+        """Why the depth last changed (None before the first change)."""
+        for d in reversed(self.decisions):
+            if d.direction:
+                return d.reason
+        return self._last_change_reason
 
     @property
     def last_decision(self) -> PrefetchDecision | None:
@@ -499,5 +656,7 @@ class PrefetchController:
             "queue_ratio_ewma": self._qratio,
             "trials": self.trials,
             "trials_kept": self.trials_kept,
+            "need": self.need,
             "last_reason": last.reason if last else None,
+            "last_change_reason": self.last_change_reason,
         }
