@@ -516,8 +516,7 @@ class ModelRegistry:
         (built, replaced or removed since it loaded): SIGHUP then reloads the same version."""
         now = self._choose_engine(inst.bundle_dir, inst.manifest)
         was = inst.engine
-        return (now.backend, now.plan_sha256) != (was.backend, was.plan_sha256) and not (
-            was.refused and now.refused and now.plan_sha256 == was.plan_sha256)
+        return (now.backend, now.plan_sha256, now.refused) != (was.backend, was.plan_sha256, was.refused)
 
     def _backend(self, choice: EngineChoice, bundle_dir: Path, manifest: dict[str, Any]) -> Backend:
         if choice.backend == "onnxruntime":

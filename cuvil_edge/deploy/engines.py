@@ -312,16 +312,19 @@ async def _build(tr: SSHTransport, source: BundleEngineSource, plan: dict[str, A
                             on_line(label, line)
                     await proc.wait()
 
-                await asyncio.wait_for(pump(), timeout=build_timeout)
+                # Stop the device build before the channel closes: closing it alone leaves the build
+                # running until its next log line meets a closed pipe.
+                try:
+                    await asyncio.wait_for(pump(), timeout=build_timeout)
+                except asyncio.CancelledError:
+                    await asyncio.shield(_kill_group(tr, pgid))
+                    raise
+                except asyncio.TimeoutError:
+                    await _kill_group(tr, pgid)
+                    raise DeployError(f"{label}: engine build ran past {build_timeout:.0f} s; stopped") from None
                 status = proc.exit_status
         except (OSError, asyncssh.Error) as exc:
             raise DeployError(f"{label}: engine build: {exc}") from exc
-        except asyncio.TimeoutError:
-            await _kill_group(tr, pgid)
-            raise DeployError(f"{label}: engine build ran past {build_timeout:.0f} s; stopped") from None
-        except asyncio.CancelledError:
-            await asyncio.shield(_kill_group(tr, pgid))
-            raise
         if status != 0 or record is None:
             why = next((ln for ln in reversed(tail) if ln.strip()), f"exit status {status}")
             raise DeployError(f"{label}: engine build failed: {why}")
