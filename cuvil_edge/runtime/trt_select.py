@@ -40,13 +40,14 @@ class EngineChoice:
     plan_sha256: str | None = None
     model_sha256: str | None = None
     builder: str | None = None
+    plugins: list[str] | None = None
     reason: str = ""
     refused: bool = False
 
     def fall_back(self, reason: str, refused: bool = False) -> EngineChoice:
         """The same load served by ONNX Runtime, saying why."""
         return EngineChoice(ORT, self.precision, self.engine_key, self.engine_path, self.plan_sha256,
-                            self.model_sha256, self.builder, reason, refused or self.refused)
+                            self.model_sha256, self.builder, self.plugins, reason, refused or self.refused)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -128,7 +129,7 @@ def choose_engine(
     except EngineError as exc:
         log.warning("%s: engine refused, serving with ONNX Runtime: %s", name, exc)
         return choice.fall_back(f"engine refused: {exc}", refused=True)
-    choice.plan_sha256, choice.builder = rec.plan_sha256, rec.builder
+    choice.plan_sha256, choice.builder, choice.plugins = rec.plan_sha256, rec.builder, list(rec.plugins)
     if rec.is_standin:
         if not allow_standin:
             return choice.fall_back("the engine was made by the STAND-IN builder (tests without TensorRT), not "
@@ -154,6 +155,11 @@ def backend_for_choice(choice: EngineChoice, manifest: Mapping[str, Any], option
         return TrtStandinBackend(Path(choice.engine_path), options, name, expect_model_sha256=choice.model_sha256)
     from cuvil_edge.runtime.trt import TrtBackend
 
+    if choice.plugins:
+        # The model's plugins were registered for the build; they must be before deserializing.
+        import dataclasses
+
+        options = dataclasses.replace(options, extra={**options.extra, "python_plugins": True})
     specs = ([TensorSpec.from_manifest(e) for e in manifest.get("inputs") or []],
              [TensorSpec.from_manifest(e) for e in manifest.get("outputs") or []])
     return TrtBackend(Path(choice.engine_path), options, name=name, specs=specs)
