@@ -40,7 +40,6 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests" / "engines"))
 sys.path.insert(0, str(ROOT / "tests" / "deploy"))
 
 
@@ -68,7 +67,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=ROOT / "bench/results/engines.json")
     args = ap.parse_args(argv)
 
-    from conftest import make_engine_bundle
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("engine_fixtures", ROOT / "tests" / "engines" / "conftest.py")
+    fixtures = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(fixtures)
+    make_engine_bundle = fixtures.make_engine_bundle
     from deploy_harness import fake_board, make_key, start_sshd, write_known_hosts
 
     from cuvil_edge.bundle.signing import generate_keypair
