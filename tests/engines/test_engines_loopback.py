@@ -127,14 +127,20 @@ def test_build_once_upload_to_the_twin_refuse_mismatch_and_corruption(board, eng
     model = json.loads(capsys.readouterr().out)[0]["models"][0]
     assert model["backend"] == "onnxruntime" and "refused" in model["engine_reason"]
 
-    # SIGHUP swap back to v1 (current link switched by hand): the matching engine is picked.
-    link = a.store / "bundles/digits/current"
-    tmp = a.store / "bundles/digits/current.new"
-    tmp.symlink_to("1.0.0")
-    os.replace(tmp, link)
-    os.kill(da.proc.pid, signal.SIGHUP)
-    _wait(lambda: _config(da)["version_policy"]["specific"]["versions"] == ["1.0.0"], what="the SIGHUP swap")
-    assert _config(da)["backend"] == "tensorrt-standin"
+    # Rollback to v1: the daemon loads v1 and picks its matching engine again.
+    assert main(["rollback", "digits", *board.args(a)]) == 0
+    capsys.readouterr()
+    cfg = _config(da)
+    assert cfg["version_policy"]["specific"]["versions"] == ["1.0.0"] and cfg["backend"] == "tensorrt-standin"
+    # SIGHUP swap to v2 (current link switched by hand, as a package manager might): ONNX Runtime,
+    # the copied engine refused again; and back to v1 with its engine.
+    link, tmp = a.store / "bundles/digits/current", a.store / "bundles/digits/current.new"
+    for version, backend in (("2.0.0", "onnxruntime"), ("1.0.0", "tensorrt-standin")):
+        tmp.symlink_to(version)
+        os.replace(tmp, link)
+        os.kill(da.proc.pid, signal.SIGHUP)
+        _wait(lambda v=version: _config(da)["version_policy"]["specific"]["versions"] == [v], what="a SIGHUP swap")
+        assert _config(da)["backend"] == backend
 
     # A corrupt engine: v1's plan damaged on the device, then a rollback-style reload. v1 keeps
     # serving, with ONNX Runtime, and says why.
