@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Engine fleet benchmark: builds and bytes for N devices of one key, cached vs. build everywhere.
 
-Devices are loopback Jetson stand-ins (``tests/engines/conftest.py``): real OpenSSH ``sshd`` on
+Devices are loopback Jetson stand-ins (``tests/engines/engine_harness.py``): real OpenSSH ``sshd`` on
 127.0.0.1, each with its own root showing an Orin Nano on JetPack 6.2 (L4T 36.4.3, TensorRT
 10.3.0), so every device has the key ``l4t-36.4.3_trt-10.3.0_sm8.7_dlanone``. TensorRT is not
 installable here: the device build is the STAND-IN builder (``--builder standin``, a fixed
@@ -41,6 +41,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests" / "deploy"))
+sys.path.insert(0, str(ROOT / "tests" / "engines"))
 
 
 def _run(devices: list[Any], source: Any, cache_root: Path, cli: list[str], rebuild: bool) -> dict[str, Any]:
@@ -67,13 +68,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=ROOT / "bench/results/engines.json")
     args = ap.parse_args(argv)
 
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("engine_fixtures", ROOT / "tests" / "engines" / "conftest.py")
-    fixtures = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(fixtures)
-    make_engine_bundle = fixtures.make_engine_bundle
     from deploy_harness import fake_board, make_key, start_sshd, write_known_hosts
+    from engine_harness import make_engine_bundle
 
     from cuvil_edge.bundle.signing import generate_keypair
     from cuvil_edge.deploy.engines import BundleEngineSource

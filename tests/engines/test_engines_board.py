@@ -22,7 +22,7 @@ pytestmark = [pytest.mark.hil, pytest.mark.slow,
 
 
 def test_real_engine_on_a_jetson(tmp_path, engine_keys, capsys, digits_model):
-    from conftest import make_engine_bundle
+    from engine_harness import make_engine_bundle
 
     from cuvil_edge.cli import main
 

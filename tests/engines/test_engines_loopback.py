@@ -20,7 +20,7 @@ import urllib.request
 
 import numpy as np
 import pytest
-from conftest import DEVICE_CLI, KEY_SLUG, REPO
+from engine_harness import DEVICE_CLI, KEY_SLUG, REPO
 
 from cuvil_edge.cli import main
 from cuvil_edge.packager.engine_store import EngineStore
