@@ -560,10 +560,12 @@ def _topological_sort(graph: Any) -> None:
     graph.node.extend(copies)
 
 
-def build_engine(plan_path: Path, onnx_path: Path, out_path: Path, timing_cache: Path | None = None) -> Path:
+def build_engine(plan_path: Path, onnx_path: Path, out_path: Path, timing_cache: Path | None = None,
+                 log: Callable[[str], None] | None = None) -> Path:
     """Build the engine a plan describes, on this machine; writes ``out_path`` atomically.
 
-    This is what ``cuvil-edge engine build`` runs on the device.
+    This is what ``cuvil-edge engine build --out`` runs on the device; ``log`` receives TensorRT's
+    log lines as they come (see :class:`EngineFromOnnx`).
 
     Raises:
         ModelError: bad plan, a model that is not the one planned for, TensorRT missing
@@ -581,6 +583,6 @@ def build_engine(plan_path: Path, onnx_path: Path, out_path: Path, timing_cache:
     if digest != plan["model"]["sha256"]:
         raise ModelError(f"{onnx_path}: sha256 {digest[:16]}... is not the model the plan was made for "
                          f"({plan['model']['sha256'][:16]}...)")
-    engine = EngineFromOnnx(onnx_path, plan, timing_cache)()
+    engine = EngineFromOnnx(onnx_path, plan, timing_cache, log=log)()
     atomic_write_bytes(Path(out_path), engine)
     return Path(out_path)

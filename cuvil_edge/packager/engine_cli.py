@@ -113,7 +113,7 @@ def build_cmd(
     if out is not None:
         from cuvil_edge.packager.engine import build_engine
 
-        path = build_engine(plan, onnx, out, timing_cache)
+        path = build_engine(plan, onnx, out, timing_cache, log=lambda line: print(line, flush=True))
         typer.echo(f"PASSED: wrote {path} ({path.stat().st_size} bytes) in {time.monotonic() - start:.1f} s")
         return
     import os

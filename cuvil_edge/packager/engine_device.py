@@ -8,9 +8,10 @@ it over SSH, :mod:`cuvil_edge.deploy.engines`). It
    for another TensorRT version, SM or DLA core, and a model whose sha256 is not the plan's;
 2. makes itself a process group leader and prints ``pid``/``pgid`` first, so the host can stop
    the whole build (this process and the builder it runs) with one ``kill -TERM -- -PGID``;
-3. builds with TensorRT in this process (``--builder tensorrt``), or runs the stand-in builder
-   executable (``--builder standin``, :mod:`cuvil_edge.packager.engine_standin`, for machines
-   without TensorRT), printing every builder log line as it comes (the host streams them);
+3. runs the builder as a child process in that group: TensorRT through ``cuvil-edge engine build
+   --out`` (``--builder tensorrt``), or the stand-in builder executable (``--builder standin``,
+   :mod:`cuvil_edge.packager.engine_standin`, for machines without TensorRT), printing every
+   builder log line as it comes (the host streams them);
 4. stores plan, log and timing cache in the engine store, and the record last; prints the record
    as one ``CUVIL-ENGINE-RECORD {json}`` line.
 
@@ -34,7 +35,7 @@ from types import FrameType
 from typing import Any
 
 from cuvil_edge.errors import ModelError
-from cuvil_edge.packager.engine import EngineFromOnnx, _mm, load_plan
+from cuvil_edge.packager.engine import _mm, load_plan
 from cuvil_edge.packager.engine_store import (
     EngineError,
     EngineRecord,
@@ -137,10 +138,15 @@ def build_into_store(
         if cached_timing.is_file():
             shutil.copyfile(cached_timing, timing)
         if builder == "standin":
-            version = _run_standin(plan, onnx_path, out, timing, key.slug, key.tensorrt, standin_seconds, log)
+            _run_builder(_standin_argv(plan, onnx_path, out, timing, key.slug, key.tensorrt, standin_seconds),
+                         out, log, "stand-in builder")
+            version = "standin"
         else:
-            engine = EngineFromOnnx(onnx_path, plan, timing, log=log)()
-            out.write_bytes(engine)
+            # TensorRT builds in a child process: a SIGTERM must stop it at once, and Python signal
+            # handlers do not run while build_serialized_network is inside TensorRT's C++ code.
+            _run_builder([sys.executable, "-m", "cuvil_edge.cli", "engine", "build", "--plan", str(plan_path),
+                          "--onnx", str(onnx_path), "--out", str(out), "--timing-cache", str(timing)],
+                         out, log, "TensorRT builder")
             version = str(trt_version)
         data = out.read_bytes()
         log_bytes = ("\n".join(lines) + "\n").encode()
@@ -162,16 +168,20 @@ def build_into_store(
     return record
 
 
-def _run_standin(plan: dict[str, Any], onnx: Path, out: Path, timing: Path, slug: str, tensorrt: str,
-                 seconds: float, log: Callable[[str], None]) -> str:
-    """Run the stand-in builder executable as trtexec would be run, relaying its lines."""
+def _standin_argv(plan: dict[str, Any], onnx: Path, out: Path, timing: Path, slug: str, tensorrt: str,
+                  seconds: float) -> list[str]:
+    """The stand-in builder's command line, as trtexec would be called for this plan."""
     argv = [sys.executable, "-m", "cuvil_edge.packager.engine_standin", f"--onnx={onnx}", f"--saveEngine={out}",
             f"--timingCacheFile={timing}", f"--memPoolSize=workspace:{int(plan['workspace']['bytes']) >> 20}M",
             f"--standin-tensorrt={tensorrt}", f"--standin-key={slug}", f"--standin-seconds={seconds}"]
-    for flag in plan.get("builder_flags") or []:
-        argv.append(f"--{flag.lower()}")
+    argv += [f"--{flag.lower()}" for flag in plan.get("builder_flags") or []]
     if plan.get("precision_mode") == "strongly_typed":
         argv.append("--stronglyTyped")
+    return argv
+
+
+def _run_builder(argv: list[str], out: Path, log: Callable[[str], None], what: str) -> None:
+    """Run a builder executable in this process group, relaying its output lines as they come."""
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                             text=True, bufsize=1)
     last = ""
@@ -193,5 +203,4 @@ def _run_standin(plan: dict[str, Any], onnx: Path, out: Path, timing: Path, slug
         if proc.stdout is not None:
             proc.stdout.close()
     if code != 0 or not out.is_file():
-        raise ModelError(f"stand-in builder failed (exit {code}): {last}")
-    return "standin"
+        raise ModelError(f"{what} failed (exit {code}): {last}")

@@ -6,8 +6,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from deploy_harness import make_key
-from engine_harness import Board, make_engine_bundle, second_model
+from engine_harness import Board, make_engine_bundle, make_key, second_model
 
 
 @pytest.fixture(scope="session")

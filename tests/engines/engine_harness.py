@@ -14,9 +14,12 @@ from deploy_harness import (  # noqa: E402
     Daemon,
     SshDevice,
     fake_board,
+    make_key,
     start_sshd,
     write_known_hosts,
 )
+
+__all__ = ["DEVICE_CLI", "KEY_SLUG", "REPO", "Board", "fake_board", "make_engine_bundle", "make_key", "second_model"]
 
 # How the device runs cuvil-edge: this checkout's code with the test interpreter (the venv's own
 # editable install points at another checkout, and sshd passes no environment).

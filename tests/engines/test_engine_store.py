@@ -13,8 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from deploy_harness import fake_board
-from engine_harness import KEY_SLUG, make_engine_bundle, second_model
+from engine_harness import KEY_SLUG, fake_board, make_engine_bundle, second_model
 
 from cuvil_edge.deploy.probe import DeviceFacts, probe_local
 from cuvil_edge.packager.engine import EngineKey, make_build_plan
