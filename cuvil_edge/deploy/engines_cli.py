@@ -68,6 +68,7 @@ def build_on_devices(
     bundle: Path | None,
     on: list[str],
     *,
+    inventory: Path | None = None,
     pub: Path | None,
     allow_unsigned: bool,
     identity: Path | None,
@@ -84,18 +85,16 @@ def build_on_devices(
     """``cuvil-edge engine build --on DEVICE... BUNDLE``: see that command's help."""
     from cuvil_edge.cli import console, err_console
     from cuvil_edge.deploy.engines import BundleEngineSource
-    from cuvil_edge.deploy.transport import parse_address
     from cuvil_edge.errors import DeployError
 
     t0 = time.monotonic()
     if bundle is None:
-        raise DeployError("--on needs the bundle: cuvil-edge engine build --on DEVICE BUNDLE.cvb")
+        raise DeployError("--on/--inventory need the bundle: cuvil-edge engine build --on DEVICE BUNDLE.cvb")
     if pub is None and not allow_unsigned:
         raise DeployError("pass --pub KEY to check the bundle's signature (or --allow-unsigned)")
-    defaults = {k: v for k, v in {"identity": str(identity.expanduser()) if identity else None,
-                                  "known_hosts": str(known_hosts.expanduser()) if known_hosts else None,
-                                  "root": root, "store": store, "daemon_port": daemon_port}.items() if v is not None}
-    devices = [parse_address(text, **defaults) for text in on]
+    from cuvil_edge.deploy.cli import _devices
+
+    devices = _devices(on, inventory, identity, known_hosts, False, root, store, daemon_port)
     source = BundleEngineSource.from_bundle(Path(bundle), pub)
     outcomes = run_engine_builds(source, devices, as_json=as_json, device_cli=shlex.split(device_cli),
                                  builder=builder, dla_core=dla_core, rebuild=rebuild)

@@ -61,6 +61,8 @@ def build_cmd(
     bundle: Path = typer.Argument(None, help="With --on: the bundle (.cvb) whose engine to build."),
     on: list[str] = typer.Option(None, "--on", help="Build for this device, \\[user@]host\\[:port] (repeat: the "
                                  "first of a key builds, the others get the cached engine).", envvar="CUVIL_EDGE_ON"),
+    inventory: Path = typer.Option(None, "--inventory", help="With a bundle: TOML inventory of devices (as for "
+                                   "cuvil-edge deploy).", envvar="CUVIL_EDGE_INVENTORY"),
     plan: Path = typer.Option(None, "--plan", help="On the device: build plan JSON (engine/plan-trt<ver>.json)."),
     onnx: Path = typer.Option(None, "--onnx", help="On the device: the ONNX model the plan was made for."),
     out: Path = typer.Option(None, "--out", help="On the device: write the engine here (instead of --store)."),
@@ -94,10 +96,10 @@ def build_cmd(
     the device side: --plan and --onnx, into --store (or --out); needs TensorRT (the jetson extra).
     """
     start = time.monotonic()
-    if on:
+    if on or inventory is not None:
         from cuvil_edge.deploy.engines_cli import build_on_devices
 
-        build_on_devices(bundle, on, pub=pub, allow_unsigned=allow_unsigned, identity=identity,
+        build_on_devices(bundle, on or [], inventory=inventory, pub=pub, allow_unsigned=allow_unsigned, identity=identity,
                          known_hosts=known_hosts, root=root, store=store, daemon_port=daemon_port,
                          device_cli=device_cli, builder=builder, dla_core=None if dla_core < 0 else dla_core,
                          rebuild=rebuild, as_json=as_json)

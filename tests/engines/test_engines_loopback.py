@@ -62,7 +62,7 @@ def _wait(pred, timeout=60.0, what="condition"):
 
 
 def test_build_once_upload_to_the_twin_refuse_mismatch_and_corruption(board, engine_bundles, engine_keys,
-                                                                      host_cache, capsys, digits_model):
+                                                                      host_cache, capsys, digits_model, tmp_path):
     a, b = board.device("a"), board.device("b")
     pub = str(engine_keys["public"])
     for dev in (a, b):
@@ -73,22 +73,25 @@ def test_build_once_upload_to_the_twin_refuse_mismatch_and_corruption(board, eng
     assert cfg["backend"] == "onnxruntime" and cfg["engine_key"] == KEY_SLUG
     assert "no engine for key" in cfg["engine"]["reason"]
 
-    # Two devices of the same key: the first builds, the second gets the cached engine.
-    assert main(["engine", "build", str(engine_bundles["v1"]), "--pub", pub, *board.args(a, "--on"),
+    # Two devices of the same key in one command (an inventory): the first builds, the second gets
+    # the cached engine.
+    inventory = tmp_path / "fleet.toml"
+    lines = [f'[defaults]\nidentity = "{engine_keys["client"]}"\nknown_hosts = "{board.known_hosts}"\n']
+    for dev in (a, b):
+        lines.append(f'[[device]]\naddress = "root@127.0.0.1:{dev.port}"\nname = "{dev.name}"\n'
+                     f'root = "{dev.root}"\nstore = "{dev.store}"\ndaemon_port = {board.daemons[dev.name].port}\n')
+    inventory.write_text("\n".join(lines))
+    assert main(["engine", "build", str(engine_bundles["v1"]), "--pub", pub, "--inventory", str(inventory),
                  "--builder", "standin", "--device-cli", CLI, "--json"]) == 0
     captured = capsys.readouterr()
-    outcomes = json.loads(captured.out)
-    assert outcomes[0]["status"] == "built" and outcomes[0]["builds"] == 1 and outcomes[0]["reloaded"]
-    assert outcomes[0]["key"] == KEY_SLUG and outcomes[0]["builder"] == "standin"
+    first, second = json.loads(captured.out)
+    assert (first["device"], first["status"], first["builds"], first["reloaded"]) == ("a", "built", 1, True)
+    assert first["key"] == KEY_SLUG and first["builder"] == "standin" and first["bytes_received"] > 0
     assert "Timing layer" in captured.err  # the builder's log lines were shown as they came
-    assert not (b.store / "engines").exists()
-    assert main(["engine", "build", str(engine_bundles["v1"]), "--pub", pub, *board.args(b, "--on"),
-                 "--builder", "standin", "--device-cli", CLI, "--json"]) == 0
-    second = json.loads(capsys.readouterr().out)[0]
-    assert second["status"] == "uploaded" and second["builds"] == 0 and second["reloaded"]
-    assert second["bytes_sent"] >= (a.store / "engines" / KEY_SLUG).joinpath(
-        f"{outcomes[0]['model_sha256']}.plan").stat().st_size
-    assert second["plan_sha256"] == outcomes[0]["plan_sha256"]
+    assert (second["device"], second["status"], second["builds"], second["reloaded"]) == ("b", "uploaded", 0, True)
+    assert second["bytes_sent"] >= (a.store / "engines" / KEY_SLUG / f"{first['model_sha256']}.plan").stat().st_size
+    assert second["plan_sha256"] == first["plan_sha256"] and second["bytes_received"] == 0
+    outcomes = [first]
 
     x = np.random.default_rng(3).standard_normal((2, 1, 8, 8)).astype(np.float32)
     for daemon in (da, db):
