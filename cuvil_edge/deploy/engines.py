@@ -137,6 +137,7 @@ async def ensure_engine(
     connect_timeout: float = 15.0,
     build_timeout: float = 3600.0,
     daemon_token: str | None = None,
+    key_locks: dict[str, asyncio.Lock] | None = None,
 ) -> EngineOutcome:
     """Give one device the bundle's engine for its key (see the module docstring).
 
@@ -154,6 +155,8 @@ async def ensure_engine(
         connect_timeout (float): SSH connect timeout, seconds. Defaults to 15.
         build_timeout (float): seconds the device build may take. Defaults to an hour.
         daemon_token (str | None): the daemon's bearer token. Defaults to None.
+        key_locks (dict[str, asyncio.Lock] | None): one lock per engine key, shared by the devices
+            handled at once, so two devices of a key never both build. Defaults to a private dict.
     """
     cache = cache or host_engine_cache()
     out = EngineOutcome(device=address.label)
@@ -161,7 +164,7 @@ async def ensure_engine(
     try:
         async with SSHTransport(address, connect_timeout) as tr:
             await _ensure(tr, source, cache, list(device_cli), builder, dla_core, rebuild, on_line, build_timeout,
-                          out)
+                          out, key_locks if key_locks is not None else {})
             if reload and out.ok:
                 out.reloaded = await _reload(tr, source, daemon_token)
     except asyncio.CancelledError:
@@ -174,18 +177,26 @@ async def ensure_engine(
     return out
 
 
-async def ensure_engines(addresses: Sequence[DeviceAddress], source: BundleEngineSource,
+async def ensure_engines(addresses: Sequence[DeviceAddress], source: BundleEngineSource, concurrency: int = 8,
                          **kwargs: Any) -> list[EngineOutcome]:
-    """:func:`ensure_engine` on each device in turn: the first of a key builds, the rest upload."""
-    results = []
-    for address in addresses:
-        results.append(await ensure_engine(address, source, **kwargs))
-    return results
+    """:func:`ensure_engine` on every device, ``concurrency`` at a time; results in device order.
+
+    The first device of each key builds while the others of that key wait for it (one lock per
+    key), then they get the cached engine, in parallel.
+    """
+    sem = asyncio.Semaphore(max(1, concurrency))
+    locks: dict[str, asyncio.Lock] = kwargs.pop("key_locks", None) or {}
+
+    async def one(address: DeviceAddress) -> EngineOutcome:
+        async with sem:
+            return await ensure_engine(address, source, key_locks=locks, **kwargs)
+
+    return list(await asyncio.gather(*(one(a) for a in addresses)))
 
 
 async def _ensure(tr: SSHTransport, source: BundleEngineSource, cache: EngineStore, device_cli: list[str],
                   builder: str | None, dla_core: int | None, rebuild: bool, on_line: LineSink | None,
-                  build_timeout: float, out: EngineOutcome) -> None:
+                  build_timeout: float, out: EngineOutcome, key_locks: dict[str, asyncio.Lock]) -> None:
     from cuvil_edge.deploy.probe import probe_device
 
     label = tr.address.label
@@ -205,14 +216,28 @@ async def _ensure(tr: SSHTransport, source: BundleEngineSource, cache: EngineSto
         if rec is not None:
             out.status, out.plan_sha256, out.builder = "present", rec.plan_sha256, rec.builder
             return
-        try:
-            rec = cache.verify(key, model_sha)
-        except EngineError:
-            rec = None
-        if rec is not None:
-            await _upload(tr, cache, remote, rec, out)
-            out.status, out.plan_sha256, out.builder = "uploaded", rec.plan_sha256, rec.builder
+    lock = key_locks.setdefault(f"{key.slug}/{model_sha}", asyncio.Lock())
+    async with lock:  # a twin of this key building now fills the cache for us
+        rec = None
+        if not rebuild:
+            try:
+                rec = cache.verify(key, model_sha)
+            except EngineError:
+                rec = None
+        if rec is None:
+            await _build_and_fetch(tr, source, plan, key, remote, cache, device_cli, builder, on_line,
+                                   build_timeout, out)
             return
+    await _upload(tr, cache, remote, rec, out)
+    out.status, out.plan_sha256, out.builder = "uploaded", rec.plan_sha256, rec.builder
+
+
+async def _build_and_fetch(tr: SSHTransport, source: BundleEngineSource, plan: dict[str, Any], key: EngineKey,
+                           remote: EngineStore, cache: EngineStore, device_cli: list[str], builder: str | None,
+                           on_line: LineSink | None, build_timeout: float, out: EngineOutcome) -> None:
+    """Build on the device, then download plan, log and timing cache into the host cache."""
+    label = tr.address.label
+    model_sha = str(plan["model"]["sha256"])
     rec = await _build(tr, source, plan, key, remote, device_cli, builder, on_line, build_timeout, out)
     plan_bytes = await tr.read_bytes(str(remote.plan_path(key, model_sha)), limit=4 * _GIB) or b""
     log = await tr.read_bytes(str(remote.log_path(key, model_sha))) or b""

@@ -7,6 +7,7 @@ cancels the rollout; :mod:`cuvil_edge.deploy.engines` then kills the device buil
 
 from __future__ import annotations
 
+import asyncio
 import json
 import shlex
 import time
@@ -22,7 +23,7 @@ def run_engine_builds(source: Any, devices: list[Any], *, as_json: bool = False,
     from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
     from cuvil_edge.cli import console, err_console
-    from cuvil_edge.deploy.engines import ensure_engines
+    from cuvil_edge.deploy.engines import ensure_engine
     from cuvil_edge.deploy.transport import run_sync
 
     shown = err_console if as_json else console
@@ -35,15 +36,19 @@ def run_engine_builds(source: Any, devices: list[Any], *, as_json: bool = False,
             bar.update(tasks[device], description=f"{device}: building - {line[:70]}")
 
         async def go() -> list[Any]:
-            out = []
-            for d in devices:
-                bar.update(tasks[d.label], description=f"{d.label}: probing")
-                bar.start_task(tasks[d.label])
-                res = (await ensure_engines([d], source, on_line=on_line, **kwargs))[0]
-                bar.update(tasks[d.label], description=f"{d.label}: {res.status}"
-                           + (f" ({res.reason})" if res.reason else ""), total=1, completed=1)
-                out.append(res)
-            return out
+            # Devices in parallel (8 at a time); one lock per key: the first of a key builds, its
+            # twins wait for the cache and upload.
+            sem, locks = asyncio.Semaphore(8), {}
+
+            async def one(d: Any) -> Any:
+                async with sem:
+                    bar.update(tasks[d.label], description=f"{d.label}: probing")
+                    res = await ensure_engine(d, source, on_line=on_line, key_locks=locks, **kwargs)
+                    bar.update(tasks[d.label], description=f"{d.label}: {res.status}"
+                               + (f" ({res.reason})" if res.reason else ""), total=1, completed=1)
+                    return res
+
+            return list(await asyncio.gather(*(one(d) for d in devices)))
 
         return run_sync(go())
 
