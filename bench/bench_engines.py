@@ -15,8 +15,10 @@ empty device engine stores:
 
 * ``cuvil-edge``: :func:`cuvil_edge.deploy.engines.ensure_engines` (what ``cuvil-edge engine
   build --on`` runs): the first device builds, the others get the cached engine, sha256-checked;
-* peer ``build-everywhere``: the same with ``rebuild=True``, each device builds its own (what
-  you get without a host cache keyed by device);
+* peer ``build-everywhere``: every device builds its own, all at once (``rebuild=True``, what you
+  get without a host cache keyed by device). Here all devices share this machine's cores, so
+  parallel stand-in builds contend; on real boards each builds on its own GPU, but each build
+  takes the minutes TensorRT takes, where an upload takes seconds;
 * ``present``: the cuvil-edge run again: nothing to build or send.
 
 Usage::
@@ -45,13 +47,23 @@ sys.path.insert(0, str(ROOT / "tests" / "engines"))
 
 
 def _run(devices: list[Any], source: Any, cache_root: Path, cli: list[str], rebuild: bool) -> dict[str, Any]:
-    from cuvil_edge.deploy.engines import ensure_engines
+    import asyncio
+
+    from cuvil_edge.deploy.engines import ensure_engine, ensure_engines
     from cuvil_edge.deploy.transport import run_sync
     from cuvil_edge.packager.engine_store import EngineStore
 
+    kw = {"cache": EngineStore(cache_root), "device_cli": cli, "builder": "standin", "reload": False}
     t0 = time.monotonic()
-    outcomes = run_sync(ensure_engines(devices, source, cache=EngineStore(cache_root), device_cli=cli,
-                                       builder="standin", rebuild=rebuild, reload=False))
+    if rebuild:
+        # The peer: every device builds its own, all at once (no shared lock, no cache use).
+        async def everywhere() -> list[Any]:
+            return list(await asyncio.gather(*(ensure_engine(d, source, rebuild=True, key_locks={}, **kw)
+                                               for d in devices)))
+
+        outcomes = run_sync(everywhere())
+    else:
+        outcomes = run_sync(ensure_engines(devices, source, **kw))
     wall = time.monotonic() - t0
     bad = [o for o in outcomes if not o.ok]
     if bad:
