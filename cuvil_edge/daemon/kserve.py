@@ -263,7 +263,7 @@ def model_metadata_doc(inst: ModelInstance) -> dict[str, Any]:
     return {
         "name": inst.name,
         "versions": [inst.version],
-        "platform": "tensorrt_plan" if inst.backend.kind == "tensorrt" else "onnxruntime_onnx",
+        "platform": "tensorrt_plan" if inst.engine.backend == "tensorrt" else "onnxruntime_onnx",
         "inputs": [{"name": s.name, "datatype": s.datatype, "shape": list(s.shape)}
                    for s in inst.input_specs.values()],
         "outputs": [{"name": s.name, "datatype": s.datatype, "shape": list(s.shape)}
