@@ -63,6 +63,9 @@ class Config:
     telemetry: str | None = None
     board: str | None = None
     device: str = "auto"
+    root: str = "/"
+    engine_standin: bool = False
+    dla_core: int | None = None
     intra_op_threads: int = 0
     spin: bool = True
     max_batch: int | None = None
@@ -119,6 +122,10 @@ OPTIONS: dict[str, tuple[Any, str]] = {
     "telemetry": (str, "telemetry source spec (e.g. sim:orin-nano-8gb, replay:FILE, tegrastats, auto)"),
     "board": (str, "board profile name (cuvil-edge targets) for the memory budget"),
     "device": (str, "auto | cpu | gpu: where backends run"),
+    "root": (str, "system root whose facts (L4T, TensorRT, board) give this device's engine key"),
+    "engine_standin": (_bool, "serve engines made by the STAND-IN builder (tests without TensorRT; they run "
+                       "with ONNX Runtime and report backend tensorrt-standin)"),
+    "dla_core": (int, "serve engines built for this DLA core (default: GPU engines)"),
     "intra_op_threads": (int, "threads per inference (0: runtime default)"),
     "spin": (_bool, "let ONNX Runtime's CPU threads spin between operators (its default): lower latency "
              "for models of several ms; 0 frees the cores between requests for other work"),

@@ -263,7 +263,7 @@ def model_metadata_doc(inst: ModelInstance) -> dict[str, Any]:
     return {
         "name": inst.name,
         "versions": [inst.version],
-        "platform": "tensorrt_plan" if inst.backend.kind == "tensorrt" else "onnxruntime_onnx",
+        "platform": "tensorrt_plan" if inst.engine.backend == "tensorrt" else "onnxruntime_onnx",
         "inputs": [{"name": s.name, "datatype": s.datatype, "shape": list(s.shape)}
                    for s in inst.input_specs.values()],
         "outputs": [{"name": s.name, "datatype": s.datatype, "shape": list(s.shape)}
@@ -286,17 +286,25 @@ def model_config_doc(inst: ModelInstance) -> dict[str, Any]:
     image = pipe.image_spec if pipe else None
     cfg: dict[str, Any] = {
         "name": inst.name,
-        "platform": "tensorrt_plan" if inst.backend.kind == "tensorrt" else "onnxruntime_onnx",
-        "backend": "tensorrt" if inst.backend.kind == "tensorrt" else "onnxruntime",
+        # What really runs: a stand-in engine is ONNX Runtime underneath and says so.
+        "platform": "tensorrt_plan" if inst.engine.backend == "tensorrt" else "onnxruntime_onnx",
+        "backend": inst.engine.backend,
+        "precision": inst.engine.precision,
+        "engine_key": inst.engine.engine_key,
+        "engine": inst.engine.to_dict(),
         "version_policy": {"specific": {"versions": [inst.version]}},
         "max_batch_size": mb,
         "input": [tensor(s, optional=(image is not None and i == 0)) for i, s in
                   enumerate(pipe.model_inputs if pipe else [])] + ([tensor(image, True)] if image else []),
         "output": [tensor(s) for s in inst.output_specs.values()],
         "instance_group": [{"count": inst.batcher.max_depth if inst.batcher else 1,
-                            "kind": "KIND_GPU" if inst.backend.kind == "tensorrt" else "KIND_CPU"}],
+                            "kind": "KIND_GPU" if inst.engine.backend == "tensorrt" else "KIND_CPU"}],
         "parameters": {"cuvil.bundle": {"string_value": str(inst.bundle_dir)},
-                       "cuvil.precision": {"string_value": str(inst.manifest.get("precision", ""))}},
+                       "cuvil.precision": {"string_value": str(inst.manifest.get("precision", ""))},
+                       # gRPC's ModelConfig has no field for these: parameters carry them there.
+                       "cuvil.backend": {"string_value": inst.engine.backend},
+                       "cuvil.engine_key": {"string_value": inst.engine.engine_key or ""},
+                       "cuvil.engine_reason": {"string_value": inst.engine.reason}},
     }
     if mb and inst.batcher is not None:
         cfg["dynamic_batching"] = {"preferred_batch_size": inst.batcher.preferred,

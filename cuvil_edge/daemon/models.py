@@ -30,6 +30,7 @@ from cuvil_edge.daemon.store import BundleStore, read_manifest_dict
 from cuvil_edge.errors import CuvilEdgeError, DaemonError
 from cuvil_edge.runtime import Backend, BackendOptions, TensorSpec, load_backend
 from cuvil_edge.runtime.buffers import BufferPool
+from cuvil_edge.runtime.trt_select import EngineChoice, backend_for_choice, choose_engine
 
 __all__ = ["ModelEntry", "ModelInstance", "ModelRegistry", "UnknownModel"]
 
@@ -89,6 +90,8 @@ class ModelInstance:
         self.single_us: float | None = None  # EWMA of a batch-1 execution, microseconds
         self.input_specs: dict[str, TensorSpec] = {}
         self.output_specs: dict[str, TensorSpec] = {}
+        # Which runtime serves this version and why (/config and cuvil-edge status report it).
+        self.engine = EngineChoice()
 
     # ------------------------------------------------------------------ loading (worker thread)
 
@@ -431,8 +434,9 @@ class ModelRegistry:
             entry.instance = inst
             entry.state = "READY"
             entry.reason = ""
-            log.info("model %s version %s ready (%s backend, max batch %d, %.1f MiB)", name, inst.version,
-                     inst.backend.kind, inst.max_batch, inst.footprint_bytes / 1048576)
+            log.info("model %s version %s ready (%s backend, max batch %d, %.1f MiB)%s", name, inst.version,
+                     inst.engine.backend, inst.max_batch, inst.footprint_bytes / 1048576,
+                     f"; {inst.engine.reason}" if inst.engine.reason else "")
             if old is not None:
                 self._retire(old)
             return inst
@@ -467,16 +471,27 @@ class ModelRegistry:
             raise DaemonError(f"{bundle_dir}/manifest.json names model {manifest.get('name')!r}, "
                               f"but it is stored under {name!r}; reinstall the bundle")
         ver = str(manifest["version"])
-        backend = load_backend(bundle_dir, manifest, self.options)
-        inst = ModelInstance(name, ver, bundle_dir, manifest, backend, self.config.max_batch,
-                             self.config.preferred_batch, self.config.max_queue_delay_us,
-                             max(1, self.config.max_depth), float(self.config.inline_us), self.pool,
-                             bool(getattr(self.config, "batch_autotune", True)))
+        choice = self._choose_engine(bundle_dir, manifest)
+        backend = self._backend(choice, bundle_dir, manifest)
+        inst = self._instance(name, ver, bundle_dir, manifest, backend)
+        inst.engine = choice
         estimate = backend.footprint().total
         if self.admit is not None:
             self.admit(name, ver, bundle_dir, manifest, estimate)
         try:
-            inst.load(warmup=self.config.warmup)
+            try:
+                inst.load(warmup=self.config.warmup)
+            except CuvilEdgeError as exc:
+                if choice.backend == "onnxruntime":
+                    raise
+                # An engine that deserializes badly or fails the bundle's sample never keeps the
+                # bundle from serving: the same version goes on with ONNX Runtime, saying why.
+                log.warning("%s %s: engine %s failed to load (%s); serving with ONNX Runtime", name, ver,
+                            choice.engine_key, exc)
+                choice = choice.fall_back(f"engine failed to load: {exc}", refused=True)
+                inst = self._instance(name, ver, bundle_dir, manifest, self._backend(choice, bundle_dir, manifest))
+                inst.engine = choice
+                inst.load(warmup=self.config.warmup)
         except BaseException:
             if self.release is not None:
                 self.release(name, ver)
@@ -484,6 +499,36 @@ class ModelRegistry:
         if self.measured is not None:
             self.measured(name, ver, inst.footprint_bytes)
         return inst
+
+    def _choose_engine(self, bundle_dir: Path, manifest: dict[str, Any]) -> EngineChoice:
+        """This device's engine for the bundle, or ONNX Runtime with the reason."""
+        cfg = self.config
+        try:
+            return choose_engine(Path(self.store.root) / "engines", bundle_dir, manifest,
+                                 root=str(getattr(cfg, "root", "/") or "/"), dla_core=getattr(cfg, "dla_core", None),
+                                 allow_standin=bool(getattr(cfg, "engine_standin", False)),
+                                 device=str(getattr(cfg, "device", "auto")))
+        except CuvilEdgeError as exc:
+            return EngineChoice(precision=str(manifest.get("precision", ""))).fall_back(f"engine lookup failed: {exc}")
+
+    def engine_changed(self, inst: ModelInstance) -> bool:
+        """Whether this device's engine for a served version differs from the one it serves
+        (built, replaced or removed since it loaded): SIGHUP then reloads the same version."""
+        now = self._choose_engine(inst.bundle_dir, inst.manifest)
+        was = inst.engine
+        return (now.backend, now.plan_sha256, now.refused) != (was.backend, was.plan_sha256, was.refused)
+
+    def _backend(self, choice: EngineChoice, bundle_dir: Path, manifest: dict[str, Any]) -> Backend:
+        if choice.backend == "onnxruntime":
+            return load_backend(bundle_dir, manifest, self.options, kind="ort")
+        return backend_for_choice(choice, manifest, self.options)
+
+    def _instance(self, name: str, ver: str, bundle_dir: Path, manifest: dict[str, Any],
+                  backend: Backend) -> ModelInstance:
+        return ModelInstance(name, ver, bundle_dir, manifest, backend, self.config.max_batch,
+                             self.config.preferred_batch, self.config.max_queue_delay_us,
+                             max(1, self.config.max_depth), float(self.config.inline_us), self.pool,
+                             bool(getattr(self.config, "batch_autotune", True)))
 
     def _retire(self, inst: ModelInstance) -> None:
         task = asyncio.ensure_future(self._retire_when_idle(inst))

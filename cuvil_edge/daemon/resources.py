@@ -302,6 +302,13 @@ class Resources:
         # ONNX Runtime keeps its arena; what the daemon can drop are pooled host buffers. The
         # scheduler counts the step; idle contexts come back on the next request.
         log.warning("memory pressure: releasing idle contexts of %s", ", ".join(names) or "no model")
+        import sys
+
+        trt = sys.modules.get("cuvil_edge.runtime.trt")  # loaded only where a TensorRT engine serves
+        if trt is not None:
+            freed = trt.trim_shared_arena()
+            if freed:
+                log.warning("memory pressure: freed %.1f MiB of idle TensorRT scratch", freed / 1048576)
 
     # ------------------------------------------------------------------ tick
 

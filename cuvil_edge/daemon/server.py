@@ -275,7 +275,8 @@ class Server:
             entry = self.registry.entries.get(name)
             inst = entry.instance if entry else None
             if inst is not None and inst.version == current and inst.bundle_dir.resolve() == \
-                    (self.store.bundles / name / (current or "")).resolve():
+                    (self.store.bundles / name / (current or "")).resolve() and \
+                    not await asyncio.to_thread(self.registry.engine_changed, inst):
                 done[name] = "unchanged"
                 continue
             try:

@@ -105,6 +105,13 @@ def deploy_cmd(
     max_fail_share: float = _opt(0.25, "--max-fail-share", help="Stop after a batch in which more than "
                                  "this share of devices failed.", env="MAX_FAIL_SHARE"),
     report: Path = _opt(None, "--report", help="Write the JSON report here.", env="REPORT"),
+    build_engines: bool = _opt(False, "--build-engines", help="Then give each device the bundle's TensorRT engine "
+                               "for its key: built on the first device of a key, uploaded from the host cache to "
+                               "the others (see cuvil-edge engine build --on).", env="BUILD_ENGINES"),
+    device_cli: str = _opt("cuvil-edge", "--device-cli", help="How to run cuvil-edge on the device (engine builds).",
+                           env="DEVICE_CLI"),
+    engine_builder: str = _opt(None, "--engine-builder", help="Device builder: tensorrt (default) or standin "
+                               "(the STAND-IN for tests without TensorRT).", env="ENGINE_BUILDER"),
     as_json: bool = AS_JSON,
 ) -> None:
     """Deploy a bundle to devices over SSH: verify, send, then the device switches, health-gates and
@@ -181,6 +188,8 @@ def deploy_cmd(
     else:
         _print_results(result)
     ok = result.ok
+    if build_engines:
+        ok = _deploy_engines(bundle, pub, devices, result, device_cli, engine_builder, daemon_token, as_json) and ok
     line = "PASSED" if ok else "FAILED"
     counts = ", ".join(f"{v} {k}" for k, v in sorted(result.counts().items()))
     _console(as_json).print(f"[bold {'green' if ok else 'red'}]{line}[/] {counts} in {time.monotonic() - t0:.1f} s",
@@ -189,6 +198,26 @@ def deploy_cmd(
         bad = sum(1 for r in result.results if not r.ok)
         raise DeployError(f"{bad} of {len(result.results)} device(s) do not serve {prepared.name} "
                           f"{prepared.version}; see the table{' and ' + str(report) if report else ''}")
+
+
+def _deploy_engines(bundle: Path, pub: Path | None, devices: list[Any], result: Any, device_cli: str,
+                    builder: str | None, daemon_token: str | None, as_json: bool) -> bool:
+    """``--build-engines``: engines for the devices that now serve the bundle; True when all got one."""
+    import shlex
+
+    from cuvil_edge.deploy.engines import BundleEngineSource
+    from cuvil_edge.deploy.engines_cli import print_outcomes, run_engine_builds
+
+    served = {r.device for r in result.results if r.ok}
+    targets = [d for d in devices if d.label in served]
+    if not targets:
+        return False
+    source = BundleEngineSource.from_bundle(bundle, pub)
+    outcomes = run_engine_builds(source, targets, as_json=as_json, device_cli=shlex.split(device_cli),
+                                 builder=builder, daemon_token=daemon_token)
+    if not as_json:
+        print_outcomes(outcomes, f"engines for {source.name} {source.version}")
+    return all(o.ok for o in outcomes)
 
 
 def _print_results(report: Any) -> None:
@@ -309,12 +338,13 @@ def status_cmd(
         from rich.table import Table
 
         t = Table(title="cuvil-edge devices")
-        for col in ("device", "board", "daemon", "model", "current", "previous", "versions", "ready",
+        for col in ("device", "board", "daemon", "model", "current", "previous", "versions", "ready", "backend",
                     "pending switch", "last outcome"):
             t.add_column(col, overflow="fold")
         for s in results:
             if not s.get("reachable"):
-                t.add_row(s["device"], "-", f"[red]unreachable[/]: {s.get('error', '')}", "", "", "", "", "", "", "")
+                t.add_row(s["device"], "-", f"[red]unreachable[/]: {s.get('error', '')}", "", "", "", "", "", "", "",
+                          "")
                 continue
             f = s.get("facts") or {}
             board = f"{f.get('profile') or f.get('arch')}" + (f" L4T {f['l4t']}" if f.get("l4t") else "")
@@ -328,9 +358,19 @@ def status_cmd(
                 last = f"{o.get('status')} {o.get('version')} at {o.get('at')}" if o else "-"
                 t.add_row(s["device"] if i == 0 else "", board if i == 0 else "", s.get("daemon", "") if i == 0
                           else "", m.get("name", "-"), m.get("current") or "-", m.get("previous") or "-",
-                          ", ".join(m.get("versions", [])) or "-", ready, pending, last)
+                          ", ".join(m.get("versions", [])) or "-", ready, _backend_text(m), pending, last)
         _console().print(t)
     _fail_unless(all(s.get("reachable") for s in results), "some devices are unreachable")
+
+
+def _backend_text(model: dict[str, Any]) -> str:
+    """``tensorrt (l4t-..._trt-..._sm8.7_dlanone)``, or ``onnxruntime`` and why."""
+    backend = model.get("backend")
+    if not backend:
+        return "-"
+    if model.get("engine_key") and backend != "onnxruntime":
+        return f"{backend} ({model['engine_key']})"
+    return f"{backend}: {model.get('engine_reason')}" if model.get("engine_reason") else str(backend)
 
 
 def install_daemon_cmd(

@@ -603,6 +603,7 @@ async def device_status(address: DeviceAddress, name: str | None = None, options
                             ready = st == 200
                         except Exception:  # noqa: BLE001
                             ready = False
+                    engine = await _serving_engine(base, n, options.daemon_token) if ready else {}
                     pending = state.get("pending") or None
                     outcome = state.get("outcome") or None
                     models.append({"name": n, "versions": await store.versions(n), "current": cur,
@@ -613,11 +614,24 @@ async def device_status(address: DeviceAddress, name: str | None = None, options
                                    "last_outcome": outcome and {k: outcome.get(k) for k in
                                                                 ("txn", "status", "version", "serving", "reason",
                                                                  "at", "seen")},
-                                   "last_event": (state.get("events") or [None])[-1]})
+                                   "last_event": (state.get("events") or [None])[-1], **engine})
                 out["models"] = models
     except DeployError as exc:
         out["error"] = str(exc)
     return out
+
+
+async def _serving_engine(base: str, name: str, token: str | None) -> dict[str, Any]:
+    """Backend, engine key and reason the daemon reports in the model's /config (empty if unknown)."""
+    try:
+        status, cfg = await asyncio.to_thread(_get, base, f"/v2/models/{name}/config", token)
+    except Exception:  # noqa: BLE001 - status reports what it can
+        return {}
+    if status != 200 or not isinstance(cfg, dict):
+        return {}
+    engine = cfg.get("engine") or {}
+    return {"backend": cfg.get("backend"), "engine_key": cfg.get("engine_key"),
+            "engine_reason": engine.get("reason", "") if isinstance(engine, dict) else ""}
 
 
 def _get(base: str, path: str, token: str | None) -> tuple[int, Any]:

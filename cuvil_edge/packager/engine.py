@@ -1,6 +1,6 @@
 """TensorRT engine build plans, the engine cache, the builder and remote builds on a device.
 
-Engines are built where they run (DESIGN.md): the packager writes one JSON *build plan* per
+Engines are built where they run: the packager writes one JSON *build plan* per
 TensorRT version of the target into the bundle, and the device (or a host orchestrating a remote
 build over SSH) turns ``plan + model.onnx`` into an engine keyed by
 ``(L4T, TensorRT, SM, DLA core)``. A plan says everything the builder needs:
@@ -18,25 +18,27 @@ build over SSH) turns ``plan + model.onnx`` into an engine keyed by
 machine; that path is written against the documented Python API (``IBuilder``,
 ``INetworkDefinition``, ``IBuilderConfig.set_memory_pool_limit``, ``OnnxParser``) and only its
 call order is tested, against a recorder.
+
+Built engines live outside the bundle, in an engine store keyed the same way
+(:mod:`cuvil_edge.packager.engine_store`); the device side of a build is
+:mod:`cuvil_edge.packager.engine_device`, the host side :mod:`cuvil_edge.deploy.engines`.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import shlex
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cuvil_edge._atomic import atomic_write_bytes, atomic_write_text
-from cuvil_edge.errors import DeployError, ModelError, RecipeError
+from cuvil_edge._atomic import atomic_write_bytes
+from cuvil_edge.errors import ModelError, RecipeError
 from cuvil_edge.targets import JetPackRelease, Target
 
 __all__ = [
     "PLAN_FORMAT",
-    "EngineCache",
     "EngineFromOnnx",
     "EngineKey",
     "build_engine",
@@ -45,7 +47,6 @@ __all__ = [
     "make_build_plan",
     "make_build_plans",
     "plan_member_name",
-    "remote_build",
     "validate_plan",
     "workspace_bytes",
 ]
@@ -406,50 +407,6 @@ def load_plan(path: Path) -> dict[str, Any]:
     return validate_plan(data, str(path))
 
 
-# ------------------------------------------------------------------------------------ cache
-
-
-class EngineCache:
-    """Engines and timing caches on a host, by key: ``<root>/<key slug>/<model sha256[:16]>.engine``.
-
-    A fleet of identical boards shares one key, so a remote build runs once per key and model.
-
-    Args:
-        root (Path | None): cache root. Defaults to ``<cuvil-edge cache>/engines``
-            (``$CUVIL_EDGE_CACHE`` or ``~/.cache/cuvil-edge``).
-    """
-
-    def __init__(self, root: Path | None = None) -> None:
-        if root is None:
-            from cuvil_edge.models import cache_dir
-
-            root = cache_dir() / "engines"
-        self.root = Path(root)
-
-    def key_dir(self, plan: Mapping[str, Any]) -> Path:
-        return self.root / EngineKey.from_dict(plan["engine_key"]).slug
-
-    def engine_path(self, plan: Mapping[str, Any]) -> Path:
-        return self.key_dir(plan) / f"{plan['model']['sha256'][:16]}.engine"
-
-    def timing_cache_path(self, plan: Mapping[str, Any]) -> Path:
-        return self.key_dir(plan) / str(plan["timing_cache"])
-
-    def get(self, plan: Mapping[str, Any]) -> Path | None:
-        """The cached engine for this plan's key and model, or None."""
-        path = self.engine_path(plan)
-        return path if path.is_file() and path.stat().st_size > 0 else None
-
-    def put(self, plan: Mapping[str, Any], engine: bytes) -> Path:
-        """Store an engine atomically; returns its path."""
-        if not engine:
-            raise ModelError("refusing to cache an empty engine")
-        path = self.engine_path(plan)
-        atomic_write_bytes(path, engine)
-        atomic_write_text(path.with_suffix(".plan.json"), json.dumps(dict(plan), indent=2, sort_keys=True))
-        return path
-
-
 # ---------------------------------------------------------------------------------- builder
 
 
@@ -457,6 +414,22 @@ def _import_tensorrt() -> Any:
     from cuvil_edge.runtime.trt import import_tensorrt
 
     return import_tensorrt()
+
+
+def _line_logger(trt: Any, sink: Callable[[str], None]) -> Any:
+    """A TensorRT ``ILogger`` that hands each message (INFO and up) to ``sink`` as one line."""
+
+    class LineLogger(trt.ILogger):  # type: ignore[misc,name-defined]
+        def __init__(self) -> None:
+            trt.ILogger.__init__(self)
+
+        def log(self, severity: Any, msg: str) -> None:
+            if severity <= trt.ILogger.Severity.INFO:
+                level = str(severity).rsplit(".", 1)[-1][:1] or "?"
+                for line in str(msg).splitlines() or [""]:
+                    sink(f"[{level}] [TRT] {line}")
+
+    return LineLogger()
 
 
 class EngineFromOnnx:
@@ -470,12 +443,17 @@ class EngineFromOnnx:
         onnx_path (Path): the model (external data beside it is found by the parser).
         plan (Mapping[str, Any]): a build plan (:func:`make_build_plan`).
         timing_cache (Path | None): timing cache file to read and update. Defaults to None.
+        log (Callable[[str], None] | None): receives every TensorRT log line (INFO and up) as it
+            is emitted, so a build of several minutes shows progress. Defaults to TensorRT's own
+            logger at WARNING.
     """
 
-    def __init__(self, onnx_path: Path, plan: Mapping[str, Any], timing_cache: Path | None = None) -> None:
+    def __init__(self, onnx_path: Path, plan: Mapping[str, Any], timing_cache: Path | None = None,
+                 log: Callable[[str], None] | None = None) -> None:
         self.onnx_path = Path(onnx_path)
         self.plan = validate_plan(plan)
         self.timing_cache = Path(timing_cache) if timing_cache else None
+        self.log = log
 
     def __call__(self) -> bytes:
         trt = _import_tensorrt()
@@ -484,7 +462,7 @@ class EngineFromOnnx:
         if _mm(have) != _mm(plan["tensorrt"]):
             raise ModelError(f"plan is for TensorRT {plan['tensorrt']} but this machine has {have}: an engine "
                              "only loads where it was built; use the plan for this TensorRT version")
-        logger = trt.Logger(trt.Logger.WARNING)
+        logger = _line_logger(trt, self.log) if self.log is not None else trt.Logger(trt.Logger.WARNING)
         if plan.get("plugins"):
             # The ONNX parser maps a node whose op_type has no importer to the plugin creator of
             # that name (namespace from the node's plugin_namespace attribute): register ours first.
@@ -582,10 +560,12 @@ def _topological_sort(graph: Any) -> None:
     graph.node.extend(copies)
 
 
-def build_engine(plan_path: Path, onnx_path: Path, out_path: Path, timing_cache: Path | None = None) -> Path:
+def build_engine(plan_path: Path, onnx_path: Path, out_path: Path, timing_cache: Path | None = None,
+                 log: Callable[[str], None] | None = None) -> Path:
     """Build the engine a plan describes, on this machine; writes ``out_path`` atomically.
 
-    This is what ``cuvil-edge engine build`` runs on the device.
+    This is what ``cuvil-edge engine build --out`` runs on the device; ``log`` receives TensorRT's
+    log lines as they come (see :class:`EngineFromOnnx`).
 
     Raises:
         ModelError: bad plan, a model that is not the one planned for, TensorRT missing
@@ -603,74 +583,6 @@ def build_engine(plan_path: Path, onnx_path: Path, out_path: Path, timing_cache:
     if digest != plan["model"]["sha256"]:
         raise ModelError(f"{onnx_path}: sha256 {digest[:16]}... is not the model the plan was made for "
                          f"({plan['model']['sha256'][:16]}...)")
-    engine = EngineFromOnnx(onnx_path, plan, timing_cache)()
+    engine = EngineFromOnnx(onnx_path, plan, timing_cache, log=log)()
     atomic_write_bytes(Path(out_path), engine)
     return Path(out_path)
-
-
-# ------------------------------------------------------------------------------ remote build
-
-
-async def remote_build(
-    transport: Any,
-    plan: Mapping[str, Any],
-    onnx_path: Path,
-    cache: EngineCache | None = None,
-    remote_dir: str = "/tmp/cuvil-edge-build",
-    command: Sequence[str] = ("cuvil-edge",),
-    timeout: float = 3600.0,
-) -> Path:
-    """Build a plan's engine on a device over a deploy transport and cache it on this host.
-
-    Returns the cached engine at once when the cache already holds one for the plan's key and
-    model (a fleet of identical boards builds once). Otherwise it uploads the plan and the ONNX
-    to ``remote_dir``, runs ``cuvil-edge engine build --plan P --onnx M --out E --timing-cache T``
-    on the device, downloads the engine and the updated timing cache, and removes the upload.
-
-    Args:
-        transport: a connected :class:`cuvil_edge.deploy.transport.SSHTransport` (or any object
-            with its async ``makedirs``, ``write_bytes_atomic``, ``run``, ``read_bytes``,
-            ``rmtree`` and an ``address.label``).
-        plan (Mapping[str, Any]): the build plan for the device's TensorRT version.
-        onnx_path (Path): the model on this host.
-        cache (EngineCache | None): host engine cache. Defaults to ``EngineCache()``.
-        remote_dir (str): scratch directory on the device. Defaults to ``/tmp/cuvil-edge-build``.
-        command (Sequence[str]): how to invoke the CLI on the device. Defaults to ``cuvil-edge``.
-        timeout (float): seconds the build may take. Defaults to an hour.
-
-    Raises:
-        DeployError: the device build failed; the message carries its last error line.
-    """
-    plan = validate_plan(plan)
-    cache = cache or EngineCache()
-    hit = cache.get(plan)
-    if hit is not None:
-        return hit
-    label = getattr(getattr(transport, "address", None), "label", "device")
-    work = f"{remote_dir.rstrip('/')}/{plan['model']['sha256'][:16]}-{EngineKey.from_dict(plan['engine_key']).slug}"
-    r_plan, r_onnx = f"{work}/plan.json", f"{work}/model.onnx"
-    r_engine, r_timing = f"{work}/{plan['engine_file']}", f"{work}/{plan['timing_cache']}"
-    await transport.makedirs(work)
-    try:
-        await transport.write_bytes_atomic(r_plan, json.dumps(dict(plan), indent=2).encode())
-        await transport.write_bytes_atomic(r_onnx, Path(onnx_path).read_bytes())
-        local_timing = cache.timing_cache_path(plan)
-        if local_timing.is_file():
-            await transport.write_bytes_atomic(r_timing, local_timing.read_bytes())
-        argv = [*command, "engine", "build", "--plan", r_plan, "--onnx", r_onnx, "--out", r_engine,
-                "--timing-cache", r_timing]
-        result = await transport.run(argv, timeout=timeout)
-        if result.exit_status != 0:
-            lines = [ln for ln in (result.stderr or result.stdout or "").splitlines() if ln.strip()]
-            why = lines[-1] if lines else f"exit status {result.exit_status}"
-            raise DeployError(f"{label}: engine build failed ({shlex.join(argv[:3])} ...): {why}")
-        engine = await transport.read_bytes(r_engine, limit=4 * _GIB)
-        if not engine:
-            raise DeployError(f"{label}: engine build reported success but wrote no {r_engine}")
-        timing = await transport.read_bytes(r_timing, limit=256 * _MIB)
-        path = cache.put(plan, engine)
-        if timing:
-            atomic_write_bytes(local_timing, timing)
-        return path
-    finally:
-        await transport.rmtree(work)

@@ -160,7 +160,7 @@ class OrtBackend(Backend):
             so.add_session_config_entry("session.use_env_allocators", "1")
         before = rss_bytes()
         try:
-            self._session = ort.InferenceSession(str(self.model_path), sess_options=so,
+            self._session = ort.InferenceSession(self.model_source(), sess_options=so,
                                                  providers=self.providers())
         except Exception as exc:  # onnxruntime raises its own Fail/InvalidGraph/... types
             raise ModelError(f"{self.model_path}: ONNX Runtime could not load the model: {exc}") from exc
@@ -173,6 +173,10 @@ class OrtBackend(Backend):
         weights = self.model_path.stat().st_size
         self._measured = Footprint(weights=max(weights, after - before), workspace=0,
                                    io=self._io_bytes(), measured=after > 0)
+
+    def model_source(self) -> str | bytes:
+        """What the session loads: the model's path (a subclass may hand over the bytes)."""
+        return str(self.model_path)
 
     def deactivate_impl(self) -> None:
         self._session = None
@@ -231,8 +235,12 @@ class OrtBackend(Backend):
         """Read I/O specs from the ONNX graph without creating a session."""
         import onnx
 
+        src = self.model_source()
         try:
-            model = onnx.load(str(self.model_path), load_external_data=False)
+            if isinstance(src, bytes):
+                model = onnx.load_model_from_string(src)
+            else:
+                model = onnx.load(src, load_external_data=False)
         except Exception as exc:  # onnx raises DecodeError and friends
             raise ModelError(f"{self.model_path}: not a readable ONNX model: {exc}") from exc
         from onnx import helper

@@ -3,8 +3,10 @@
 Written against the documented TensorRT Python API; TensorRT cannot be installed on the
 development machine, so the parts that need it are thin and the rest is plain Python, tested:
 
-* **Engine choice** (:func:`select_engine`): the bundle's ``engines`` entry whose key matches
-  this device's TensorRT version (major.minor), L4T, SM and requested DLA core.
+* **Engine choice**: the daemon serves engines from the device's engine store, outside the
+  signed bundle (:mod:`cuvil_edge.runtime.trt_select`: key, record and sha256 checks, ONNX
+  Runtime fallback). :func:`select_engine` and :meth:`TrtBackend.from_bundle` still read a
+  manifest ``engines`` list, for bundles that carry engines themselves.
 * **One execution context per concurrent stream.** Each context is created with
   ``ExecutionContextAllocationStrategy.USER_MANAGED`` (``create_execution_context_without_device_memory``
   before TensorRT 10) and gets its activation memory from a process-wide :class:`ScratchArena`
@@ -54,6 +56,7 @@ __all__ = [
     "run_slot",
     "select_engine",
     "shared_arena",
+    "trim_shared_arena",
 ]
 
 _INSTALL_HINT = "pip install cuvil-edge[jetson] (JetPack also ships it: apt install python3-libnvinfer)"
@@ -147,7 +150,7 @@ def installed_tensorrt_version() -> str:
 
 def choose_placement(integrated: bool, has_gpu: bool = True) -> str:
     """I/O placement for a device: mapped zero-copy on integrated GPUs, pinned + device copies
-    on discrete ones, pageable without a GPU (DESIGN.md, issue #4)."""
+    on discrete ones, pageable without a GPU (issue #4)."""
     if not has_gpu:
         return Placement.PAGEABLE
     return Placement.MAPPED if integrated else Placement.PINNED
@@ -357,6 +360,20 @@ _ARENA: ScratchArena | None = None
 _ARENA_LOCK = threading.Lock()
 
 
+def trim_shared_arena() -> int:
+    """Free the shared arena's idle scratch blocks, if there is an arena; returns the bytes freed.
+
+    The memory co-scheduler's ``RELEASE_IDLE`` step calls this: scratch is the largest memory a
+    TensorRT model holds besides its weights, and an idle block comes back on the next inference.
+    """
+    arena = _ARENA
+    if arena is None:
+        return 0
+    before = arena.reserved_bytes
+    arena.trim()
+    return before - arena.reserved_bytes
+
+
 def shared_arena(ops: DeviceOps, slots: int = 2) -> ScratchArena:
     """The process-wide arena every TensorRT backend shares (created on first use)."""
     global _ARENA
@@ -561,8 +578,8 @@ class TrtBackend(Backend):
         if entry is None:
             keys = [e.get("key") for e in manifest.get("engines") or []]
             raise DaemonError(f"bundle {manifest.get('name')}: no engine for TensorRT {version} "
-                              f"(DLA core {options.dla_core}); it carries {keys}. Build one on the device: "
-                              "cuvil-edge engine build --plan engine/plan-trt<ver>.json ...")
+                              f"(DLA core {options.dla_core}); it carries {keys}. Build one for the device from the "
+                              "host: cuvil-edge engine build --on DEVICE BUNDLE")
         specs = ([TensorSpec.from_manifest(e) for e in manifest.get("inputs") or []],
                  [TensorSpec.from_manifest(e) for e in manifest.get("outputs") or []])
         return cls(Path(bundle_dir) / str(entry["path"]), options, name=str(manifest.get("name") or "model"),

@@ -1,14 +1,8 @@
 """TensorRT plugins for the pre- and post-processing steps cuvil-edge moves into an engine.
 
-Two plugins, each described once here (:data:`PLUGINS`) and implemented twice:
+This docstring is the one place that says what exists, how it is built and what has run.
 
-* as TensorRT Python plugins (``tensorrt.plugin``, TensorRT >= 10.6: ``@trtp.register`` for the
-  output descriptors, ``@trtp.impl`` for the computation) in :mod:`cuvil_edge.trt_plugins._python`,
-  registered by :func:`register_python_plugins` on a device with TensorRT and CuPy;
-* as C++ ``IPluginV3`` sources (``cpp/``) with a CMake project that builds a plugin library
-  against a device sysroot holding TensorRT and CUDA headers (``cpp/README.md``).
-
-Plugins:
+Plugins (the contract, :data:`PLUGINS`; shape rules in :func:`output_shapes`):
 
 ``cuvil::normalize_u8``
     ``uint8 [N, H, W, C]`` (camera frames, interleaved) -> ``float32 [N, C, H, W]``,
@@ -17,13 +11,41 @@ Plugins:
     ``float [N, K_in]`` logits -> ``float32 [N, k]`` values and ``int32 [N, k]`` indices, largest
     first (classification post-processing without copying all logits back).
 
-In an ONNX model a plugin is a node whose ``op_type`` is the plugin name, with attributes
-``plugin_namespace="cuvil"`` and ``plugin_version="1"`` (how TensorRT's ONNX parser finds a
-plugin creator for an op it has no importer for) plus the plugin's own attributes. Build plans
-list the plugins a model uses; the builder registers the Python plugins before parsing.
+What exists, per plugin (all implementations run on the GPU):
 
-The shape rules are plain Python (:func:`output_shapes`) so they are tested here; the Python
-plugins' descriptor functions and the C++ ``getOutputShapes`` implement the same rules.
+=================  ===========================  ==========================  ==========================
+plugin             Python ``tensorrt.plugin``   C++ ``IPluginV3``           CUDA kernel (``cpp/``)
+=================  ===========================  ==========================  ==========================
+``normalize_u8``   yes (``_python.py``, CuPy)   yes (``normalize_plugin``)  ``launchNormalizeU8``
+``topk``           yes (``_python.py``, CuPy)   **no** (kernel only)        ``launchTopK``
+=================  ===========================  ==========================  ==========================
+
+What has been compiled or run, and where:
+
+* the arithmetic (:mod:`cuvil_edge.trt_plugins.kernels`, numpy) and the shape rules: tested on
+  every CI run;
+* the CUDA kernels and ``cpp/test_kernels.cu``: compiled with nvcc 13.0 for ``sm_90`` and run on
+  an NVIDIA H200 (every case passed; ``cpp/README.md``);
+* the Python plugins (``tensorrt.plugin``, TensorRT >= 10.6): **never run** (no TensorRT on any
+  machine we have);
+* the C++ ``IPluginV3`` glue (``normalize_plugin.*``, ``plugin_library.cpp``): **never compiled**
+  (no TensorRT headers on any machine we have). ``topk`` has no C++ plugin: an engine that needs
+  it uses the Python plugin.
+
+How each is built: the Python plugins need no build (:func:`register_python_plugins` registers
+them before the ONNX parser runs and before an engine deserializes). The C++ library is the CMake
+target ``cuvil_trt_plugins`` (``cpp/CMakeLists.txt``), built against the board's own TensorRT
+headers on the board (``cmake -S cpp -B build -DCMAKE_CUDA_ARCHITECTURES=87``) or against a
+device sysroot (``cpp/README.md``). ``cuvil-edge`` does not yet build or ship the C++ library for
+you: an engine built with it needs the library on the device, loaded before deserialization.
+
+Plugins travel with the plan: a build plan lists the plugins its model uses (``plugins``); the
+device build registers them before parsing, the engine record repeats the list, and the daemon
+registers them before it deserializes that engine. In an ONNX model a plugin is a node whose
+``op_type`` is the plugin name, with attributes ``plugin_namespace="cuvil"`` and
+``plugin_version="1"`` (how TensorRT's ONNX parser finds a plugin creator for an op it has no
+importer for) plus the plugin's own attributes.
+
 Nothing in this module imports TensorRT.
 """
 

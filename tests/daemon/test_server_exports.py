@@ -11,7 +11,7 @@ MODULES = {
                            "datatype_of", "dtype_of", "load_backend"],
     "cuvil_edge.runtime.base": ["Backend", "BackendOptions", "Footprint", "TensorSpec", "datatype_of", "dtype_of"],
     "cuvil_edge.runtime.ort": ["OrtBackend", "rss_bytes"],
-    "cuvil_edge.runtime.buffers": ["BufferPool", "Placement", "host_allocator"],
+    "cuvil_edge.runtime.buffers": ["BufferPool", "PageLockedAllocator", "Placement", "host_allocator"],
     "cuvil_edge.daemon.batcher": ["Batcher", "Pending"],
     "cuvil_edge.daemon.config": ["ENV_PREFIX", "OPTIONS", "Config", "build_parser", "load"],
     "cuvil_edge.daemon.demo": ["serve_and_measure", "start_daemon"],

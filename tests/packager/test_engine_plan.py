@@ -1,12 +1,10 @@
-"""Engine build plans per target and TensorRT version, cache keys, the builder and remote builds."""
+"""Engine build plans per target and TensorRT version, keys and the builder (remote builds: tests/engines)."""
 
 from __future__ import annotations
 
-import asyncio
 import importlib.util
 import json
 import sys
-import textwrap
 from pathlib import Path
 
 import numpy as np
@@ -14,10 +12,9 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from cuvil_edge.errors import CuvilEdgeError, DeployError, ModelError, RecipeError
+from cuvil_edge.errors import CuvilEdgeError, ModelError, RecipeError
 from cuvil_edge.packager.engine import (
     PLAN_FORMAT,
-    EngineCache,
     EngineFromOnnx,
     EngineKey,
     build_engine,
@@ -26,7 +23,6 @@ from cuvil_edge.packager.engine import (
     make_build_plan,
     make_build_plans,
     plan_member_name,
-    remote_build,
     validate_plan,
     workspace_bytes,
 )
@@ -232,9 +228,10 @@ class TestKeysAndCache:
         # Same board type, different model -> same key, different cache entry.
         c = make_build_plan(models["digits"], {"precision": "fp16"}, target, rel)
         assert c["engine_key"] == a["engine_key"]
-        cache = EngineCache(Path("/nonexistent-root"))
-        assert cache.engine_path(a) != cache.engine_path(c)
-        assert cache.key_dir(a) == cache.key_dir(c)
+        from cuvil_edge.packager.engine_store import EngineStore
+
+        store, key = EngineStore(Path("/nonexistent-root")), EngineKey.from_dict(a["engine_key"])
+        assert store.plan_path(key, a["model"]["sha256"]) != store.plan_path(key, c["model"]["sha256"])
 
     @pytest.mark.parametrize("bad", [("", "10.3.0", "8.7"), ("36.4.3", "10_3", "8.7"), ("36.4.3", "10.3.0", "../x")])
     def test_key_rejects_ambiguous_parts(self, bad):
@@ -242,18 +239,6 @@ class TestKeysAndCache:
             engine_cache_key(*bad)
         with pytest.raises(ModelError, match="dla_core"):
             engine_cache_key("36.4.3", "10.3.0", "8.7", -1)
-
-    def test_cache_roundtrip(self, models, tmp_path):
-        plan = make_build_plan(models["digits"], {"precision": "fp16"}, get_target("orin-nano-8gb"),
-                               _release("orin-nano-8gb", "6.2"))
-        cache = EngineCache(tmp_path / "cache")
-        assert cache.get(plan) is None
-        path = cache.put(plan, b"engine bytes")
-        assert cache.get(plan) == path and path.read_bytes() == b"engine bytes"
-        assert path.parent.name == "l4t-36.4.3_trt-10.3.0_sm8.7_dlanone"
-        assert json.loads(path.with_suffix(".plan.json").read_text())["engine_file"] == plan["engine_file"]
-        with pytest.raises(ModelError, match="empty"):
-            cache.put(plan, b"")
 
     def test_plan_files_validate(self, models, tmp_path):
         plan = make_build_plan(models["digits"], {}, get_target("orin-nano-8gb"), _release("orin-nano-8gb", "6.2"))
@@ -385,83 +370,3 @@ class TestCli:
                      "--out-dir", str(tmp_path)]) == 1
         assert "no NVIDIA GPU" in capsys.readouterr().err
         assert list(tmp_path.iterdir()) == []
-
-
-# ------------------------------------------------------------------------------ remote build
-
-STANDIN_BUILDER = textwrap.dedent('''
-    """Stands in for TensorRT's builder on a loopback "device" (this machine has no TensorRT).
-
-    It does NOT build an engine: it checks the arguments cuvil-edge passes, the plan and the
-    model's sha256, then writes a marker engine and a timing cache, exactly where the real
-    ``cuvil-edge engine build`` would.
-    """
-    import hashlib, json, sys
-    args = sys.argv[1:]
-    assert args[:2] == ["engine", "build"], args
-    opts = dict(zip(args[2::2], args[3::2]))
-    plan = json.load(open(opts["--plan"]))
-    digest = hashlib.sha256(open(opts["--onnx"], "rb").read()).hexdigest()
-    if digest != plan["model"]["sha256"]:
-        sys.exit("model does not match the plan")
-    open(opts["--out"], "wb").write(b"STANDIN-ENGINE " + digest.encode())
-    open(opts["--timing-cache"], "wb").write(b"timing")
-''')
-
-
-@pytest.fixture()
-def device(tmp_path):
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "deploy"))
-    try:
-        from deploy_harness import make_key, start_sshd, write_known_hosts
-    finally:
-        sys.path.pop(0)
-    import asyncssh
-
-    key = tmp_path / "client_key"
-    make_key(key)
-    pub = asyncssh.read_private_key(str(key)).export_public_key().decode().strip()
-    dev = start_sshd(tmp_path, "jetson", pub)
-    write_known_hosts(tmp_path / "known_hosts", [dev])
-    try:
-        yield dev.address(key, tmp_path / "known_hosts")
-    finally:
-        dev.stop()
-
-
-class TestRemoteBuild:
-    def _plan(self, models):
-        return make_build_plan(models["digits"], {"precision": "fp16"}, get_target("orin-nano-8gb"),
-                               _release("orin-nano-8gb", "6.2"))
-
-    def test_cache_hit_needs_no_device(self, models, tmp_path):
-        plan = self._plan(models)
-        cache = EngineCache(tmp_path / "cache")
-        cached = cache.put(plan, b"built before")
-        assert asyncio.run(remote_build(object(), plan, models["digits"], cache=cache)) == cached
-
-    @pytest.mark.slow
-    def test_over_ssh(self, models, tmp_path, device):
-        from cuvil_edge.deploy.transport import SSHTransport
-
-        plan = self._plan(models)
-        cache = EngineCache(tmp_path / "cache")
-        standin = tmp_path / "standin_builder.py"
-        standin.write_text(STANDIN_BUILDER)
-        remote_dir = str(tmp_path / "remote")
-
-        async def go(command):
-            async with SSHTransport(device) as t:
-                return await remote_build(t, plan, models["digits"], cache=cache, remote_dir=remote_dir,
-                                          command=command)
-
-        # The real CLI on a device without TensorRT: the device's error comes back in one line.
-        with pytest.raises(DeployError, match=r"engine build failed .*TensorRT is not installed.*pip install cuvil-edge"):
-            asyncio.run(go([sys.executable, "-m", "cuvil_edge.cli"]))
-        assert cache.get(plan) is None
-        assert list(Path(remote_dir).iterdir()) == []  # upload removed
-        path = asyncio.run(go([sys.executable, str(standin)]))
-        assert path == cache.get(plan)
-        assert path.read_bytes() == b"STANDIN-ENGINE " + plan["model"]["sha256"].encode()
-        assert cache.timing_cache_path(plan).read_bytes() == b"timing"
-        assert list(Path(remote_dir).iterdir()) == []

@@ -399,3 +399,17 @@ class TestOnDevice:
         with TrtBackend(Path(engine)) as trt_b, OrtBackend(model) as ort_b:
             np.testing.assert_allclose(trt_b.infer({"input": x})["logits"], ort_b.infer({"input": x})["logits"],
                                        rtol=1e-3, atol=1e-3)
+
+
+def test_pressure_trims_the_shared_arena(monkeypatch):
+    import cuvil_edge.runtime.trt as trt
+
+    arena = ScratchArena(HostDeviceOps(), slots=2)
+    monkeypatch.setattr(trt, "_ARENA", arena)
+    arena.register("m", 4096)
+    for grant in [arena.acquire(), arena.acquire()]:
+        arena.release(grant[0])
+    assert arena.reserved_bytes == 8192
+    assert trt.trim_shared_arena() == 8192 and arena.reserved_bytes == 0
+    monkeypatch.setattr(trt, "_ARENA", None)
+    assert trt.trim_shared_arena() == 0

@@ -1,0 +1,165 @@
+"""Which runtime serves a bundle on this device: its TensorRT engine, or ONNX Runtime and why.
+
+The daemon calls :func:`choose_engine` for every load (start, SIGHUP swap, repository load,
+rollback). It looks in ``<store>/engines/<this device's key>/<bundle model sha256>.plan`` and
+serves that engine only when its record (:mod:`cuvil_edge.packager.engine_store`) names this
+device's key and this bundle's model and the plan hashes to the recorded sha256. Anything else
+- no key (no TensorRT on the board), no engine yet, a record for another model, a corrupt plan,
+TensorRT not importable, a stand-in engine without ``--engine-standin`` - gives ONNX Runtime with
+the reason, which ``/v2/models/{m}/config`` and ``cuvil-edge status`` show. Refusals are logged
+as warnings: a bad engine never stops a bundle from serving.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from cuvil_edge.runtime.base import Backend, BackendOptions, TensorSpec
+
+__all__ = ["EngineChoice", "backend_for_choice", "bundle_model_sha256", "choose_engine", "device_engine_key"]
+
+log = logging.getLogger("cuvil_edge.runtime.trt_select")
+
+ORT = "onnxruntime"
+TRT = "tensorrt"
+STANDIN = "tensorrt-standin"
+
+
+@dataclass
+class EngineChoice:
+    """The runtime chosen for one bundle load, and why. ``backend`` is what /config reports."""
+
+    backend: str = ORT
+    precision: str = ""
+    engine_key: str | None = None
+    engine_path: str | None = None
+    plan_sha256: str | None = None
+    model_sha256: str | None = None
+    builder: str | None = None
+    plugins: list[str] | None = None
+    reason: str = ""
+    refused: bool = False
+
+    def fall_back(self, reason: str, refused: bool = False) -> EngineChoice:
+        """The same load served by ONNX Runtime, saying why."""
+        return EngineChoice(ORT, self.precision, self.engine_key, self.engine_path, self.plan_sha256,
+                            self.model_sha256, self.builder, self.plugins, reason, refused or self.refused)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def device_engine_key(root: str = "/", dla_core: int | None = None) -> tuple[Any, str]:
+    """This device's engine key from the facts below ``root``, or ``(None, reason)``.
+
+    When TensorRT imports here, its own version counts (it may differ from the dpkg package).
+    """
+    from cuvil_edge.deploy.probe import probe_local
+    from cuvil_edge.packager.engine_store import EngineError, key_for_facts
+
+    facts = probe_local(root)
+    trt = None
+    try:
+        from cuvil_edge.runtime.trt import TensorRTMissing, installed_tensorrt_version
+
+        trt = installed_tensorrt_version()
+    except TensorRTMissing:
+        trt = None
+    try:
+        return key_for_facts(facts, dla_core, trt), ""
+    except EngineError as exc:
+        return None, str(exc)
+
+
+def bundle_model_sha256(bundle_dir: Path, manifest: Mapping[str, Any]) -> str:
+    """The sha256 of the bundle's model: the manifest's file entry (checked at install), else hashed."""
+    from cuvil_edge.packager.engine_store import sha256_file
+
+    model = str(manifest.get("model") or "model.onnx")
+    for entry in manifest.get("files") or []:
+        if isinstance(entry, Mapping) and entry.get("path") == model and entry.get("sha256"):
+            return str(entry["sha256"])
+    return sha256_file(Path(bundle_dir) / model)
+
+
+def choose_engine(
+    engines_root: Path,
+    bundle_dir: Path,
+    manifest: Mapping[str, Any],
+    root: str = "/",
+    dla_core: int | None = None,
+    allow_standin: bool = False,
+    device: str = "auto",
+) -> EngineChoice:
+    """The runtime for this bundle on this device (see the module docstring).
+
+    Args:
+        engines_root (Path): ``<store>/engines``.
+        bundle_dir (Path): the extracted bundle.
+        manifest (Mapping[str, Any]): its manifest.
+        root (str): system root for the device's facts. Defaults to ``/``.
+        dla_core (int | None): the DLA core engines should run on. Defaults to the GPU.
+        allow_standin (bool): serve stand-in engines (tests without TensorRT). Defaults to False.
+        device (str): the daemon's ``--device``; ``cpu`` never picks an engine. Defaults to auto.
+    """
+    from cuvil_edge.packager.engine_store import EngineError, EngineStore
+
+    name = f"{manifest.get('name')} {manifest.get('version')}"
+    choice = EngineChoice(precision=str(manifest.get("precision", "")))
+    if manifest.get("format_kind") != "tensorrt":
+        return choice.fall_back(f"bundle format {manifest.get('format_kind')!r} is not for TensorRT")
+    if device == "cpu":
+        return choice.fall_back("daemon runs with --device cpu")
+    key, why = device_engine_key(root, dla_core)
+    if key is None:
+        return choice.fall_back(why)
+    choice.engine_key = key.slug
+    sha = choice.model_sha256 = bundle_model_sha256(bundle_dir, manifest)
+    store = EngineStore(engines_root)
+    choice.engine_path = str(store.plan_path(key, sha))
+    if not store.record_path(key, sha).is_file():
+        return choice.fall_back(f"no engine for key {key.slug} and model sha256 {sha[:12]}... yet; build it: "
+                                "cuvil-edge engine build --on DEVICE BUNDLE")
+    try:
+        rec = store.verify(key, sha)
+    except EngineError as exc:
+        log.warning("%s: engine refused, serving with ONNX Runtime: %s", name, exc)
+        return choice.fall_back(f"engine refused: {exc}", refused=True)
+    choice.plan_sha256, choice.builder, choice.plugins = rec.plan_sha256, rec.builder, list(rec.plugins)
+    if rec.is_standin:
+        if not allow_standin:
+            return choice.fall_back("the engine was made by the STAND-IN builder (tests without TensorRT), not "
+                                    "TensorRT; start cuvil-edged with --engine-standin to serve it")
+        choice.backend = STANDIN
+        return choice
+    from cuvil_edge.runtime.trt import TrtBackend
+
+    ok, why = TrtBackend.available()
+    if not ok:
+        return choice.fall_back(f"engine {key.slug} is there but {why}")
+    choice.backend = TRT
+    return choice
+
+
+def backend_for_choice(choice: EngineChoice, manifest: Mapping[str, Any], options: BackendOptions) -> Backend:
+    """Construct (not activate) the backend of an engine choice other than ONNX Runtime."""
+    name = f"{manifest.get('name', 'model')}:{manifest.get('version', '?')}"
+    assert choice.engine_path is not None
+    if choice.backend == STANDIN:
+        from cuvil_edge.runtime.trt_standin import TrtStandinBackend
+
+        return TrtStandinBackend(Path(choice.engine_path), options, name, expect_model_sha256=choice.model_sha256)
+    from cuvil_edge.runtime.trt import TrtBackend
+
+    if choice.plugins:
+        # The model's plugins were registered for the build; they must be before deserializing.
+        import dataclasses
+
+        options = dataclasses.replace(options, extra={**options.extra, "python_plugins": True})
+    specs = ([TensorSpec.from_manifest(e) for e in manifest.get("inputs") or []],
+             [TensorSpec.from_manifest(e) for e in manifest.get("outputs") or []])
+    return TrtBackend(Path(choice.engine_path), options, name=name, specs=specs)
