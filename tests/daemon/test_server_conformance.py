@@ -35,7 +35,14 @@ def _softmax(x: np.ndarray) -> np.ndarray:
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory, digits_model: Path, digits_data: np.ndarray) -> Iterator:
-    from conftest import Daemon, install, make_bundle
+    # By path: a plain ``from conftest import`` finds whichever test folder's conftest was imported first.
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("daemon_conftest", Path(__file__).with_name("conftest.py"))
+    assert spec is not None and spec.loader is not None
+    harness = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(harness)
+    Daemon, install, make_bundle = harness.Daemon, harness.install, harness.make_bundle
 
     tmp = tmp_path_factory.mktemp("conformance")
     root = tmp / "store"
