@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -38,9 +39,16 @@ from hil.errors import BoardCommandError, BootError, HilError
 from hil.images import BoardImage, ensure_image
 from hil.targets import HilTarget, get_hil_target
 
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+_SPINNER = re.compile(r"^\[[ *]*\] (A start job|A stop job|Job )")  # systemd's progress lines
+
 __all__ = ["Board", "boot", "connect", "free_port", "reachable"]
 
 QEMU = "qemu-system-aarch64"
+# Units a disposable board does not need and that cost minutes under emulation on a loaded host
+# (e2scrub_reap scans for LVM snapshots at every boot). Masked on the kernel command line, so the
+# cached image stays as Debian made it.
+BOOT_MASKS = "systemd.mask=e2scrub_reap.service systemd.mask=systemd-timesyncd.service"
 
 
 def free_port() -> int:
@@ -186,8 +194,9 @@ class Board:
         log = self.console_log
         if log is None or not log.is_file():
             return "(no console log)"
-        text = log.read_bytes().decode("utf-8", "replace").replace("\r", "")
-        return "\n".join(text.splitlines()[-lines:])
+        text = _ANSI.sub("", log.read_bytes().decode("utf-8", "replace")).replace("\r", "\n")
+        kept = [ln for ln in text.splitlines() if ln.strip() and not _SPINNER.search(ln)]
+        return "\n".join(kept[-lines:])
 
     def close(self, keep: bool = False) -> None:
         """Stops the tunnels and, for an emulated board, the VM (unless ``keep``)."""
@@ -214,7 +223,7 @@ def _qemu_argv(image: BoardImage, target: HilTarget, mem_mb: int, smp: int, over
     machine = "virt" + (f",dumpdtb={dumpdtb}" if dumpdtb else "")
     argv = [QEMU, "-M", machine, "-accel", "tcg,thread=multi", "-cpu", target.cpu, "-smp", str(smp),
             "-m", str(mem_mb), "-kernel", str(image.kernel), "-initrd", str(image.initrd),
-            "-append", "root=/dev/vda rw console=ttyAMA0 net.ifnames=0 systemd.show_status=auto",
+            "-append", "root=/dev/vda rw console=ttyAMA0 net.ifnames=0 systemd.show_status=error " + BOOT_MASKS,
             "-drive", f"file={overlay},if=virtio,format=qcow2,cache=unsafe",
             "-netdev", f"user,id=n0{fwd}", "-device", "virtio-net-pci,netdev=n0,romfile=",
             "-device", "virtio-rng-pci",

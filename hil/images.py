@@ -26,7 +26,7 @@ __all__ = ["BoardImage", "CACHE_ROOT", "IMAGE_INPUTS", "ensure_image", "image_ha
 
 IMAGE_INPUTS = Path(__file__).resolve().parent / "image"
 CACHE_ROOT = Path(os.environ.get("CUVIL_HIL_CACHE", Path.home() / ".cache" / "cuvil-edge" / "hil"))
-STEPS = 8  # "==> " lines build.sh prints before "==> done"
+STEPS = 7  # "==> " lines build.sh prints before "==> done"
 
 
 @dataclass(frozen=True)
@@ -80,6 +80,13 @@ def ensure_image(cache_root: Path | None = None, console: object | None = None,
     Raises:
         ImageError: the build failed; the message carries the failing step and its log's tail.
     """
+    forced = os.environ.get("CUVIL_HIL_IMAGE")
+    if forced:  # a given image folder (debugging an image, or a board image built elsewhere)
+        image = BoardImage(Path(forced))
+        if not image.complete():
+            raise ImageError(f"CUVIL_HIL_IMAGE={forced}: not a complete board image (disk.raw, vmlinuz, "
+                             "initrd.img, id_ed25519, manifest.json)")
+        return image
     root = Path(cache_root) if cache_root is not None else CACHE_ROOT
     image = BoardImage(root / image_hash())
     if image.complete():
@@ -105,7 +112,7 @@ def ensure_image(cache_root: Path | None = None, console: object | None = None,
         assert proc.stdout is not None
         seen = 0
         for line in proc.stdout:
-            log.write(line)
+            log.write(f"[{time.monotonic() - t0:7.1f} s] {line}" if line.startswith("==> ") else line)
             log.flush()
             if line.startswith("==> ") and line[4:].strip() != "done":
                 step = line[4:].strip()

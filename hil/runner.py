@@ -185,6 +185,9 @@ def run_suite(target_name: str, suite: str = "smoke", report_path: Path | None =
         report["error"] = str(exc)
         raise
     finally:
+        isa = report.get("daemon_kernels_isa") or report.get("kernels_isa") or {}
+        if isinstance(isa, dict) and isa.get("resize_normalize"):
+            report["kernels"] = isa["resize_normalize"]  # the pre-processing ISA, in one word
         outcomes = [t["outcome"] for t in report["tests"]]
         report.update(passed=outcomes.count("passed"), failed=outcomes.count("failed"),
                       skipped=outcomes.count("skipped"), seconds=round(time.time() - t0, 1))

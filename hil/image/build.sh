@@ -2,16 +2,16 @@
 # Build the emulated arm64 board of the HIL rig from Debian's and PyPI's packages only.
 #   hil/image/build.sh OUT_DIR
 # OUT_DIR receives: disk.raw (ext4 root file system), vmlinuz, initrd.img, id_ed25519(.pub)
-# (the key the rig logs in with), kernel.txt, manifest.json. The caller (hil/image.py) names
+# (the key the rig logs in with), kernel.txt, manifest.json. The caller (hil/images.py) names
 # OUT_DIR by the hash of this folder's files and renames it into place only on success.
 #
-# Fast cold build: only debootstrap's second stage (dpkg configuring systemd, sshd, python3)
-# runs under qemu-user. The kernel .deb is unpacked on the host (no mkinitramfs under
-# emulation), the initramfs is a tiny busybox cpio built natively, and the Python wheels go
-# in with host pip --target. Lines starting with "==> " name the steps (the caller shows them
+# Fast cold build: apt resolves and downloads natively (mmdebstrap); only dpkg and the
+# maintainer scripts (configuring systemd, sshd, python3) run under qemu-user. The kernel .deb
+# is unpacked on the host (no mkinitramfs under emulation), the initramfs is a tiny busybox
+# cpio built natively, and the Python wheels go in with host pip --target. Lines starting with "==> " name the steps (the caller shows them
 # as progress).
 #
-# Needs root (chroot, binfmt_misc, device nodes) and: debootstrap qemu-user-static
+# Needs root (chroot, binfmt_misc, device nodes) and: mmdebstrap qemu-user-static
 # e2fsprogs cpio kmod curl python3 (scripts/bootstrap.sh test installs them).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -27,7 +27,7 @@ mirror="${mirror:-http://deb.debian.org/debian}"
 mirror="${mirror%/}"
 pip_py="${CUVIL_HIL_PIP_PYTHON:-python3}"
 
-for tool in debootstrap qemu-aarch64-static mkfs.ext4 cpio depmod curl chroot; do
+for tool in mmdebstrap qemu-aarch64-static mkfs.ext4 cpio depmod curl chroot; do
   command -v "$tool" >/dev/null || { echo "build.sh: '$tool' missing: run scripts/bootstrap.sh test" >&2; exit 3; }
 done
 [ "$(id -u)" = 0 ] || { echo "build.sh: needs root (debootstrap, chroot)" >&2; exit 3; }
@@ -39,13 +39,21 @@ cleanup() {
 }
 trap cleanup EXIT
 
-echo "==> debootstrap first stage (download, unpack)"
+echo "==> mmdebstrap (apt on the host, dpkg and maintainer scripts emulated)"
 pkgs=$(grep -vE '^\s*(#|$)' "$here/packages.txt" | paste -sd, -)
-debootstrap --arch=arm64 --foreign --variant=minbase --include="$pkgs" "$suite" "$root" "$mirror" \
-  >"$out/debootstrap1.log" 2>&1 || { tail -n 20 "$out/debootstrap1.log" >&2; exit 4; }
+if [ ! -e /proc/sys/fs/binfmt_misc/register ]; then
+  mount -t binfmt_misc binfmt_misc /proc/sys/fs/binfmt_misc
+fi
+if ! ls /proc/sys/fs/binfmt_misc/ | grep -q aarch64; then
+  cat /usr/lib/binfmt.d/qemu-aarch64.conf > /proc/sys/fs/binfmt_misc/register
+fi
+mmdebstrap --mode=root --arch=arm64 --variant=minbase --include="$pkgs" --skip=cleanup/apt/lists \
+  --aptopt='Acquire::Retries "3"' --dpkgopt='path-exclude=/usr/share/doc/*' \
+  --dpkgopt='path-exclude=/usr/share/man/*' --dpkgopt='path-exclude=/usr/share/locale/*' \
+  "$suite" "$root" "$mirror" >"$out/mmdebstrap.log" 2>&1 || { tail -n 30 "$out/mmdebstrap.log" >&2; exit 4; }
 
 echo "==> fetch kernel and busybox (host)"
-lists=$(ls "$root"/var/lib/apt/lists/*_Packages | head -n1)
+lists=$(ls "$root"/var/lib/apt/lists/*binary-arm64_Packages | head -n1)
 fetch_urls=$(python3 - "$lists" <<'PY'
 import re, sys
 paras = open(sys.argv[1], encoding="utf-8").read().split("\n\n")
@@ -66,17 +74,6 @@ while read -r name path sha; do
   curl -fsSL --retry 3 -o "$deb" "$mirror/$path"
   echo "$sha  $deb" | sha256sum -c --quiet - || { echo "build.sh: $name: checksum mismatch" >&2; exit 5; }
 done <<< "$fetch_urls"
-
-echo "==> debootstrap second stage (emulated: configures systemd, sshd, python3)"
-if [ ! -e /proc/sys/fs/binfmt_misc/register ]; then
-  mount -t binfmt_misc binfmt_misc /proc/sys/fs/binfmt_misc
-fi
-if [ ! -e /proc/sys/fs/binfmt_misc/qemu-aarch64 ]; then
-  cat /usr/lib/binfmt.d/qemu-aarch64.conf > /proc/sys/fs/binfmt_misc/register
-fi
-cp /usr/bin/qemu-aarch64-static "$root/usr/bin/"
-chroot "$root" /debootstrap/debootstrap --second-stage >"$out/debootstrap2.log" 2>&1 \
-  || { tail -n 30 "$out/debootstrap2.log" >&2; tail -n 30 "$root/debootstrap/debootstrap.log" >&2 || true; exit 6; }
 
 echo "==> kernel modules and initramfs (host)"
 kx="$out/kernel"
@@ -139,9 +136,8 @@ mkdir -p "$site"
 rm -rf "$site/bin"
 
 echo "==> check the board's Python (emulated)"
-chroot "$root" /usr/bin/python3 -c 'import numpy, onnxruntime, onnx, typer, rich, cryptography, httptools, asyncssh; print("python ok", numpy.__version__, onnxruntime.__version__)'
-rm -f "$root/usr/bin/qemu-aarch64-static"
-rm -rf "$root"/var/cache/apt/archives/*.deb "$root"/usr/share/doc "$root"/usr/share/man "$root"/usr/share/locale "$out/debs"
+chroot "$root" /usr/bin/python3 -c 'import numpy, onnxruntime, onnx, typer, rich, cryptography, httptools, asyncssh, pip; print("python ok", numpy.__version__, onnxruntime.__version__)'
+rm -rf "$root"/var/lib/apt/lists/* "$root"/var/cache/apt/archives/*.deb "$root"/usr/share/doc "$root"/usr/share/man "$root"/usr/share/locale "$out/debs"
 
 echo "==> file system image (host)"
 trap - EXIT
