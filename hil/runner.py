@@ -9,7 +9,7 @@ Report (JSON)::
 
     {"target": "...", "ran_on": "...", "kind": "...", "suite": "smoke", "fallback": null | {...},
      "arch": "aarch64", "kernel": "6.1.0-...-arm64", "systemd": "252", "kernels_isa": {...},
-     "daemon_kernels_isa": {...}, "boot_seconds": 31.2, "image": {"hash": ..., "build_seconds": ...},
+     "daemon_kernels_isa": {...}, "kernels": "neon", "boot_seconds": 31.2, "image": {"hash": ..., "build_seconds": ...},
      "tests": [{"name": ..., "outcome": "passed|failed|skipped", "seconds": ..., "details"|"error": ...}],
      "passed": n, "failed": n, "skipped": n, "seconds": ..., "ok": true}
 """
