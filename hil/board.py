@@ -40,7 +40,7 @@ from hil.images import BoardImage, ensure_image
 from hil.targets import HilTarget, get_hil_target
 
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
-_SPINNER = re.compile(r"^\[[ *]*\] (A start job|A stop job|Job )")  # systemd's progress lines
+_SPINNER = re.compile(r"^\[[ *]*\] (\(\d+ of \d+\) )?(A start job|A stop job|Job )")  # systemd's progress lines
 
 __all__ = ["Board", "boot", "connect", "free_port", "reachable"]
 
