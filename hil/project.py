@@ -48,8 +48,12 @@ def build_wheel(out_dir: Path, repo: Path = REPO) -> Path:
             if (repo / name).is_file():
                 shutil.copy2(repo / name, src / name)
         out_dir.mkdir(parents=True, exist_ok=True)
-        res = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
-                              "-w", str(out_dir), str(src)], capture_output=True, text=True, timeout=600)
+        base = [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(out_dir), str(src)]
+        # The environment's own setuptools first (offline, fast); pip's isolated build (fetches the
+        # build-system requirements) when that one is too old for pyproject.toml.
+        res = subprocess.run([*base, "--no-build-isolation"], capture_output=True, text=True, timeout=600)
+        if res.returncode != 0:
+            res = subprocess.run(base, capture_output=True, text=True, timeout=600)
         if res.returncode != 0:
             raise HilError(f"pip wheel of {repo} failed: {res.stderr.strip()[-800:]}")
     wheels = sorted(out_dir.glob("cuvil_edge-*.whl"), key=lambda p: p.stat().st_mtime)
