@@ -13,9 +13,12 @@ if [ "$(id -u)" != 0 ]; then SUDO="sudo"; fi
 
 # Debian packages. demo: cross compiler for the aarch64 kernels shipped in bundles.
 # test: also QEMU (aarch64 proofs), OpenSSH (deploy tests), minisign (signature interop),
-# systemd (systemd-analyze on the unit file), debootstrap (aarch64 Python root file system).
+# systemd (systemd-analyze on the unit file), debootstrap (aarch64 Python root file system);
+# the HIL board image and boot: qemu-utils (qemu-img overlays), e2fsprogs (mkfs.ext4 -d), cpio,
+# kmod (depmod), curl, device-tree-compiler (fdtput for the Jetson personality), mmdebstrap +
+# arch-test (the arm64 root file system: apt native, only dpkg emulated).
 APT_DEMO="build-essential cmake gcc-aarch64-linux-gnu g++-aarch64-linux-gnu"
-APT_TEST="$APT_DEMO tmux stress-ng qemu-user qemu-user-static qemu-system-arm openssh-server openssh-client minisign systemd debootstrap proot libglib2.0-dev iproute2 binutils-aarch64-linux-gnu"
+APT_TEST="$APT_DEMO tmux stress-ng qemu-user qemu-user-static qemu-system-arm openssh-server openssh-client minisign systemd debootstrap proot libglib2.0-dev iproute2 binutils-aarch64-linux-gnu qemu-utils e2fsprogs cpio kmod curl device-tree-compiler mmdebstrap arch-test"
 case "$job" in
   test) want="$APT_TEST" ;;
   *) want="$APT_DEMO" ;;

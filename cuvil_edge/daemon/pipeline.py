@@ -63,6 +63,9 @@ def kernels() -> Any:
 
             info = sve.cpu_info() if hasattr(sve, "cpu_info") else None
             _SVE = sve if info is not None else None
+            if info is not None:
+                # One line per process, so an operator (and the HIL rig) sees the ISA chosen per op.
+                log.info("pre-processing kernels: %s", " ".join(f"{op}={isa}" for op, isa in info["isa"].items()))
         except Exception as exc:  # missing package, unbuilt library (KernelError), bad ABI
             log.info("cuvil_edge.sve kernels not usable (%s); using numpy", exc)
             _SVE = None

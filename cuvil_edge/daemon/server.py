@@ -50,6 +50,9 @@ log = logging.getLogger("cuvil_edge.daemon")
 
 STARTUP_FAILURE = 3  # exit code, as uvicorn's
 REVERT_CHECK_S = 1.0  # how often the tick looks for deploy switches past their confirm deadline
+# Debug-only fault hooks, off by default: with this variable set to 1, SIGUSR2 stalls the event
+# loop for good, so the HIL rig can prove systemd's watchdog kills and restarts a hung daemon.
+FAULT_HOOKS_ENV = "CUVIL_EDGED_DEBUG_FAULT_HOOKS"
 
 
 def freeze_heap() -> None:
@@ -143,6 +146,10 @@ class Server:
                              (signal.SIGHUP, self._on_hup)):
             with contextlib.suppress(NotImplementedError, RuntimeError):
                 loop.add_signal_handler(sig, handler)
+        if os.environ.get(FAULT_HOOKS_ENV) == "1":
+            with contextlib.suppress(NotImplementedError, RuntimeError):
+                loop.add_signal_handler(signal.SIGUSR2, self._fault_stall)
+                log.warning("debug fault hooks on (%s=1): SIGUSR2 stalls the event loop", FAULT_HOOKS_ENV)
         tick = asyncio.ensure_future(self._tick_loop())
         await self._stop.wait()
         await self.shutdown()
@@ -246,6 +253,16 @@ class Server:
         if self._stop is not None and not self._stop.is_set():
             log.info("SIGTERM: draining in-flight requests")
             self._stop.set()
+
+    def _fault_stall(self) -> None:
+        """Debug fault hook: block the event loop as a deadlocked handler would (never returns).
+
+        No tick runs, so no ``WATCHDOG=1`` is sent and systemd's watchdog must kill and restart
+        the service. Installed only when :data:`FAULT_HOOKS_ENV` is ``1``.
+        """
+        log.error("debug fault hook: SIGUSR2 received, stalling the event loop")
+        while True:
+            time.sleep(3600)
 
     def _on_hup(self) -> None:
         log.info("SIGHUP: reloading the bundle store")

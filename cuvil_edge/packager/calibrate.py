@@ -106,7 +106,34 @@ class TensorStats:
             return max(self.minimum, -threshold), min(self.maximum, threshold)
         if method == "entropy":
             return self._entropy(symmetric)
-        raise QuantizationError(f"unknown calibration method '{method}' (percentile, minmax or entropy)")
+        if method == "mse":
+            threshold = self._mse_threshold(symmetric, peak)
+            return (-threshold, threshold) if symmetric else (max(self.minimum, -threshold), min(self.maximum, threshold))
+        raise QuantizationError(f"unknown calibration method '{method}' (percentile, mse, minmax or entropy)")
+
+    def _mse_threshold(self, symmetric: bool, peak: float) -> float:
+        """The clipping threshold that minimises the expected squared quantization error of |x|:
+        values within it round (step^2 / 12 each), values beyond it clip ((|x| - t)^2 each)."""
+        half = self.bins // 2
+        absolute = (self.hist[half:] + self.hist[:half][::-1]).astype(np.float64)
+        width = self.limit / half
+        centers = (np.arange(half) + 0.5) * width
+        levels = 127.0 if symmetric else 255.0 / 2
+        # Candidate thresholds at bin edges k * width; "within" means bins 0..k-1.
+        k = np.arange(max(1, half // 64), half + 1)
+        t = k * width
+        keep = t <= peak * (1 + 1e-6)
+        if not keep.any():
+            return peak
+        k, t = k[keep], t[keep]
+        # Suffix sums over bins >= k of h, h*c, h*c^2 give sum(h * (c - t)^2) beyond t in O(1) each.
+        s0 = np.concatenate([np.cumsum(absolute[::-1])[::-1], [0.0]])
+        s1 = np.concatenate([np.cumsum((absolute * centers)[::-1])[::-1], [0.0]])
+        s2 = np.concatenate([np.cumsum((absolute * centers**2)[::-1])[::-1], [0.0]])
+        within = s0[0] - s0[k]
+        clipped = s2[k] - 2 * t * s1[k] + t**2 * s0[k]
+        errors = within * (t / levels) ** 2 / 12.0 + clipped
+        return float(t[int(np.argmin(errors))])
 
     def _entropy(self, symmetric: bool) -> tuple[float, float]:
         """TensorRT's KL-divergence threshold (ONNX Runtime's implementation) on ENTROPY_BINS bins."""
@@ -152,8 +179,9 @@ class RangeCollector:
         """The ranges as ONNX Runtime's ``TensorsData`` (what its calibration cache holds)."""
         from onnxruntime.quantization.calibrate import CalibrationMethod, TensorData, TensorsData
 
-        methods = {"percentile": CalibrationMethod.Percentile, "minmax": CalibrationMethod.MinMax,
-                   "entropy": CalibrationMethod.Entropy}
+        # ONNX Runtime's cache records a method; "mse" ranges travel as Percentile (ranges are all it reads).
+        methods = {"percentile": CalibrationMethod.Percentile, "mse": CalibrationMethod.Percentile,
+                   "minmax": CalibrationMethod.MinMax, "entropy": CalibrationMethod.Entropy}
         data = {name: TensorData(lowest=np.float32(lo), highest=np.float32(hi))
                 for name, (lo, hi) in self.ranges(method, symmetric, percentile).items()}
         return TensorsData(methods[method], data)

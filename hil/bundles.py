@@ -1,0 +1,112 @@
+"""The bundles the on-device suite deploys: a small image classifier, signed, with a real sample.
+
+The model is a real ONNX graph (conv, relu, pooling, matmul) over a ``[N, 3, 16, 16]`` input
+with the daemon's image pre-processing in front (resize + normalize, the NEON kernels' job on the
+board). Its validation sample carries ONNX Runtime's FP32 outputs computed here, so the deploy
+health gate on the board compares the board's arithmetic with this machine's. A "bad" bundle
+stores shifted expected outputs: its health gate must fail on any board.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import numpy as np
+
+__all__ = ["MODEL_NAME", "host_reference", "make_keys", "make_model", "make_suite_bundle"]
+
+MODEL_NAME = "hilnet"
+PREPROCESS = {"kind": "image", "size": [16, 16], "mean": [127.0, 127.0, 127.0], "std": [64.0, 64.0, 64.0],
+              "layout": "NCHW", "color": "RGB", "resize": "bilinear"}
+
+
+def make_keys(out_dir: Path) -> tuple[Path, Path]:
+    """A fresh minisign-compatible key pair: (secret, public)."""
+    from cuvil_edge.bundle.signing import generate_keypair
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    secret, public = out_dir / "sign.key", out_dir / "sign.pub"
+    if not secret.is_file():
+        generate_keypair(secret, public)
+    return secret, public
+
+
+def make_model(path: Path, classes: int = 10, seed: int = 7) -> Path:
+    """The suite's classifier: float32 ``[N,3,16,16]`` -> logits ``[N,classes]``."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(seed)
+    w = (rng.standard_normal((8, 3, 3, 3)) * 0.3).astype(np.float32)
+    b = (rng.standard_normal(8) * 0.1).astype(np.float32)
+    fc = rng.standard_normal((8, classes)).astype(np.float32)
+    nodes = [
+        helper.make_node("Conv", ["input", "w", "b"], ["c"], pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c"], ["r"]),
+        helper.make_node("GlobalAveragePool", ["r"], ["g"]),
+        helper.make_node("Flatten", ["g"], ["f"], axis=1),
+        helper.make_node("MatMul", ["f", "fc"], ["logits"]),
+    ]
+    graph = helper.make_graph(
+        nodes, MODEL_NAME,
+        [helper.make_tensor_value_info("input", TensorProto.FLOAT, ["N", 3, 16, 16])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["N", classes])],
+        [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b"), numpy_helper.from_array(fc, "fc")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    onnx.save(model, str(path))
+    return path
+
+
+def host_reference(model: Path, feed: dict[str, np.ndarray]) -> np.ndarray:
+    """FP32 ONNX Runtime on this machine: the logits the board must reproduce."""
+    import onnxruntime as ort
+
+    sess = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
+    return np.asarray(sess.run(["logits"], feed)[0])
+
+
+def make_suite_bundle(out: Path, secret_key: Path, version: str, *, bad_gate: bool = False,
+                      target: str = "generic-arm64") -> Path:
+    """A signed bundle of the suite's model at ``version`` (``bad_gate``: wrong expected outputs)."""
+    from cuvil_edge.bundle import write_bundle
+    from cuvil_edge.targets import get_target
+
+    model = out.parent / "hilnet.onnx"
+    if not model.is_file():
+        make_model(model)
+    sample = np.random.default_rng(11).standard_normal((4, 3, 16, 16)).astype(np.float32)
+    expected = host_reference(model, {"input": sample})
+    if bad_gate:
+        expected = expected + 1.0
+
+    def npz(**arrays: np.ndarray) -> bytes:
+        buf = io.BytesIO()
+        np.savez(buf, **arrays)
+        return buf.getvalue()
+
+    t = get_target(target)
+    manifest = {
+        "name": MODEL_NAME, "version": version,
+        "target": {"name": t.name, "arch": t.arch, "gpu_sm": t.gpu_sm, "releases": [r.__dict__ for r in t.releases]},
+        "precision": "fp32", "format_kind": t.runtime_format, "model": "model.onnx",
+        "inputs": [{"name": "input", "dtype": "float32", "shape": [-1, 3, 16, 16]}],
+        "outputs": [{"name": "logits", "dtype": "float32", "shape": [-1, 10]}],
+        "max_batch": 8,
+        "preprocess": PREPROCESS, "postprocess": {"kind": "none"},
+        "validation": {"report": "validation.json", "sample_inputs": "sample/inputs.npz",
+                       "sample_expected": "sample/expected.npz", "rtol": 1e-3, "atol": 1e-3},
+    }
+    members: dict[str, Path | bytes] = {
+        "model.onnx": model,
+        "validation.json": json.dumps({"sample": int(sample.shape[0])}).encode(),
+        "sample/inputs.npz": npz(input=sample),
+        "sample/expected.npz": npz(logits=expected),
+    }
+    write_bundle(out, manifest, members, secret_key)
+    return out

@@ -1,0 +1,510 @@
+"""The on-device suite: what a user does with a board, run from this machine against it.
+
+Each check is a plain function of a :class:`SuiteContext` that raises on failure and returns
+details for the report. They run in order (later checks build on earlier ones: the daemon
+installed, a bundle deployed), through ``hil/run`` or pytest (``tests/hil``), never mocked:
+the host's ``cuvil-edge`` CLI over real SSH, ``systemctl`` on the board, tritonclient through
+the forwarded port.
+
+``smoke`` keeps CI short (boot, install, kernels, install-daemon + READY, one deploy, infer ==
+FP32); ``full`` adds the upgrade, reload, failing gate + rollback, watchdog, stop/drain,
+systemd-analyze security, board identity and tegrastats checks.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from hil.board import Board
+from hil.errors import HilError
+
+__all__ = ["CHECKS", "SUITES", "Check", "CheckFailed", "CheckSkipped", "SuiteContext", "checks_for"]
+
+UNIT = "cuvil-edged.service"
+DAEMON_PORT = 8000
+DROPIN_DIR = "/etc/systemd/system/cuvil-edged.service.d"
+WATCHDOG_SEC = 10
+REPO = Path(__file__).resolve().parent.parent
+
+
+class CheckFailed(HilError):
+    """A check of the on-device suite failed (the message says what was expected and seen)."""
+
+
+class CheckSkipped(HilError):
+    """A check does not apply to this target (the message says why)."""
+
+
+@dataclass
+class SuiteContext:
+    """What the checks share: the board, a host work folder, and facts for the report."""
+
+    board: Board
+    workdir: Path
+    info: dict[str, Any] = field(default_factory=dict)
+    bundles: dict[str, Path] = field(default_factory=dict)
+    _keys: tuple[Path, Path] | None = None
+
+    # ------------------------------------------------------------------ host side
+
+    @property
+    def known_hosts(self) -> Path | None:
+        return self.board.known_hosts
+
+    def device_args(self) -> list[str]:
+        """``cuvil-edge`` options that reach the board, as a user would type them."""
+        b = self.board
+        args = ["--to", f"{b.user}@{b.host}:{b.ssh_port}"]
+        if b.key is not None:
+            args += ["--identity", str(b.key)]
+        args += ["--known-hosts", str(b.known_hosts)] if b.known_hosts else ["--no-host-key-check"]
+        return args
+
+    def cli(self, *args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+        """Runs this tree's ``cuvil-edge`` CLI on the host."""
+        argv = [sys.executable, "-m", "cuvil_edge.cli", *args]
+        try:
+            return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, cwd=REPO,
+                                  stdin=subprocess.DEVNULL)
+        except subprocess.TimeoutExpired:
+            raise CheckFailed(f"cuvil-edge {' '.join(args[:2])} did not finish within {timeout:.0f} s") from None
+
+    def keys(self) -> tuple[Path, Path]:
+        if self._keys is None:
+            from hil.bundles import make_keys
+
+            self._keys = make_keys(self.workdir / "keys")
+        return self._keys
+
+    def bundle(self, label: str) -> Path:
+        """The suite's bundle ``v1``, ``v2`` or ``bad`` (built on first use)."""
+        if label not in self.bundles:
+            from hil.bundles import make_suite_bundle
+
+            versions = {"v1": ("1.0.0", False), "v2": ("1.1.0", False), "bad": ("2.0.0", True)}
+            version, bad = versions[label]
+            self.bundles[label] = make_suite_bundle(self.workdir / "bundles" / f"hilnet-{version}.cvb",
+                                                    self.keys()[0], version, bad_gate=bad)
+        return self.bundles[label]
+
+    def deploy(self, label: str) -> tuple[int, dict[str, Any]]:
+        """``cuvil-edge deploy`` of a suite bundle; returns (exit code, the device's report entry)."""
+        report = self.workdir / f"deploy-{label}.json"
+        res = self.cli("deploy", str(self.bundle(label)), *self.device_args(), "--pub", str(self.keys()[1]),
+                       "--health-timeout", "240", "--connect-timeout", "30", "--report", str(report), "--json")
+        if not report.is_file():
+            raise CheckFailed(f"deploy {label} wrote no report (exit {res.returncode}): "
+                              f"{(res.stderr or res.stdout).strip()[-600:]}")
+        data = json.loads(report.read_text())
+        devices = data.get("devices") or data.get("results") or []
+        entry = devices[0] if devices else data
+        return res.returncode, entry
+
+    def client(self) -> Any:
+        import tritonclient.http as httpclient
+
+        return httpclient.InferenceServerClient(url=f"127.0.0.1:{self.board.port(DAEMON_PORT)}",
+                                                connection_timeout=60, network_timeout=120)
+
+    # ------------------------------------------------------------------ board side
+
+    def unit_state(self) -> dict[str, str]:
+        out = self.board.ssh(["systemctl", "show", "-p", "ActiveState,SubState,NRestarts,Result,StatusText,"
+                              "ExecMainStatus,MainPID", UNIT], timeout=60).stdout
+        return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+
+    def wait_unit(self, active: str, sub: str, timeout: float = 300, since_restarts: int | None = None) -> dict[str, str]:
+        """Polls ``systemctl show`` until the unit is in ``active``/``sub`` (and restarted)."""
+        deadline = time.monotonic() + timeout
+        state: dict[str, str] = {}
+        while time.monotonic() < deadline:
+            state = self.unit_state()
+            restarted = since_restarts is None or int(state.get("NRestarts", "0") or 0) > since_restarts
+            if state.get("ActiveState") == active and state.get("SubState") == sub and restarted:
+                return state
+            if state.get("ActiveState") == "failed":
+                break
+            time.sleep(1)
+        journal = self.board.ssh(["journalctl", "-u", UNIT, "-n", "25", "--no-pager"], check=False).stdout
+        raise CheckFailed(f"{UNIT} did not reach {active}/{sub} within {timeout:.0f} s "
+                          f"(last: {state.get('ActiveState')}/{state.get('SubState')}, restarts "
+                          f"{state.get('NRestarts')}); journal:\n{journal[-1500:]}")
+
+    def served_version(self, timeout: float = 120) -> str:
+        """The version the daemon serves the suite model at (waits for it to be ready)."""
+        from tritonclient.utils import InferenceServerException
+
+        from hil.bundles import MODEL_NAME
+
+        deadline = time.monotonic() + timeout
+        last = ""
+        client = self.client()
+        try:
+            while time.monotonic() < deadline:
+                try:
+                    if client.is_model_ready(MODEL_NAME):
+                        return str(client.get_model_metadata(MODEL_NAME)["versions"][0])
+                except (InferenceServerException, OSError, ConnectionError) as exc:
+                    last = str(exc)
+                time.sleep(1)
+        finally:
+            client.close()
+        raise CheckFailed(f"model {MODEL_NAME} not ready on the board within {timeout:.0f} s ({last})")
+
+
+def _expect(cond: bool, message: str) -> None:
+    if not cond:
+        raise CheckFailed(message)
+
+
+# ---------------------------------------------------------------------- checks
+
+def check_boot(ctx: SuiteContext) -> dict[str, Any]:
+    """The board answers over SSH with systemd as PID 1: architecture, kernel, systemd version."""
+    facts = ctx.board.facts()
+    pid1 = ctx.board.ssh("cat /proc/1/comm").stdout.strip()
+    ctx.info.update(facts)
+    _expect(facts["arch"] == "aarch64", f"the board reports arch {facts['arch']!r}, expected aarch64")
+    _expect(pid1 == "systemd", f"PID 1 is {pid1!r}, not systemd")
+    _expect(bool(facts["systemd"]), "systemctl --version printed no version")
+    return {**facts, "pid1": pid1, "boot_seconds": ctx.board.boot_seconds}
+
+
+def check_install_project(ctx: SuiteContext) -> dict[str, Any]:
+    """A wheel of the tree under test installs on the board with pip (no network)."""
+    from hil.project import install_project
+
+    version = install_project(ctx.board)
+    which = ctx.board.ssh("command -v cuvil-edged cuvil-edge").stdout.split()
+    _expect(which == ["/usr/local/bin/cuvil-edged", "/usr/local/bin/cuvil-edge"],
+            f"console scripts not where the unit expects them: {which}")
+    return {"version": version}
+
+
+def _expected_isa(ctx: SuiteContext) -> str:
+    t = ctx.board.target
+    if t.kind == "qemu-system":
+        return "sve2" if t.cpu.startswith("max") and "sve=off" not in t.cpu else "neon"
+    if t.board:
+        from cuvil_edge.targets import get_target
+
+        isas = get_target(t.board).isa
+        return next((i for i in ("sve2", "sve", "neon") if i in isas), "neon")
+    return "neon"
+
+
+def check_kernels(ctx: SuiteContext) -> dict[str, Any]:
+    """The cross-built kernels load on the board and dispatch to its best ISA (NEON on Orin's stand-in)."""
+    code = "import json, cuvil_edge.sve as s; print(json.dumps(s.cpu_info()))"
+    info = json.loads(ctx.board.ssh(["python3", "-c", code], timeout=300).stdout)
+    want = _expected_isa(ctx)
+    ctx.info["kernels_isa"] = info["isa"]
+    ctx.info["kernels_available"] = info["available"]
+    _expect(info["platform"] == "linux-aarch64", f"kernels loaded for {info['platform']}")
+    _expect(info["isa"]["resize_normalize"] == want,
+            f"resize_normalize dispatched to {info['isa']['resize_normalize']}, expected {want} ({info['message']})")
+    return {"isa": info["isa"], "available": info["available"], "expected": want}
+
+
+def _write_dropin(ctx: SuiteContext) -> None:
+    lines = ["# HIL rig: watchdog short enough to test, debug fault hooks on (tests only)", "[Service]",
+             f"WatchdogSec={WATCHDOG_SEC}", "Environment=CUVIL_EDGED_DEBUG_FAULT_HOOKS=1"]
+    if ctx.board.emulated:
+        # QEMU's port forward arrives on the guest's network (10.0.2.15), not its loopback: listen
+        # there and let only the QEMU host (10.0.2.2) in, as the unit's comment says to.
+        lines += ["ExecStart=", "ExecStart=/usr/local/bin/cuvil-edged --store /var/lib/cuvil-edge --host 0.0.0.0 "
+                  f"--port {DAEMON_PORT} --telemetry auto", "IPAddressAllow=10.0.2.2"]
+    ctx.board.ssh(f"mkdir -p {DROPIN_DIR} && cat > {DROPIN_DIR}/hil.conf", input="\n".join(lines) + "\n")
+
+
+def check_install_daemon(ctx: SuiteContext) -> dict[str, Any]:
+    """``cuvil-edge install-daemon`` puts the unit in place; systemd starts it and gets READY=1."""
+    _write_dropin(ctx)
+    t0 = time.monotonic()
+    res = ctx.cli("install-daemon", *ctx.device_args(), "--json", "--connect-timeout", "30")
+    _expect(res.returncode == 0, f"install-daemon exited {res.returncode}: {(res.stderr or res.stdout).strip()[-600:]}")
+    out = json.loads(res.stdout)
+    entry = out[0] if isinstance(out, list) else (out.get("devices") or out.get("results") or [out])[0]
+    _expect(entry.get("status") in ("installed", "unchanged"), f"install-daemon: {entry}")
+    _expect(bool(entry.get("systemd_running")), f"install-daemon did not see systemd running: {entry}")
+    # Type=notify: active/running only after the daemon's READY=1 reached systemd.
+    state = ctx.wait_unit("active", "running", timeout=300)
+    ready_s = round(time.monotonic() - t0, 1)
+    enabled = ctx.board.ssh(["systemctl", "is-enabled", UNIT], check=False).stdout.strip()
+    _expect(enabled == "enabled", f"{UNIT} is {enabled!r} after install-daemon")
+    return {"install": entry.get("status"), "state": f"{state['ActiveState']}/{state['SubState']}",
+            "status_text": state.get("StatusText"), "ready_seconds": ready_s, "enabled": enabled}
+
+
+def check_deploy_fresh(ctx: SuiteContext) -> dict[str, Any]:
+    """``cuvil-edge deploy`` over SSH: a fresh install passes its health gate and serves."""
+    rc, entry = ctx.deploy("v1")
+    _expect(rc == 0, f"deploy of 1.0.0 exited {rc}: {entry}")
+    served = ctx.served_version()
+    _expect(served == "1.0.0", f"the board serves {served}, expected 1.0.0")
+    return {"deploy": {k: entry.get(k) for k in ("status", "version", "seconds", "reason") if k in entry},
+            "served": served}
+
+
+def check_infer_fp32(ctx: SuiteContext) -> dict[str, Any]:
+    """tritonclient through the forwarded port: tensor input == FP32 ONNX Runtime here; image input
+    through the daemon's pre-processing (the board's kernels) == this machine's reference."""
+    import tritonclient.http as httpclient
+
+    from cuvil_edge.daemon.pipeline import Pipeline
+    from cuvil_edge.runtime.base import TensorSpec
+    from hil.bundles import MODEL_NAME, PREPROCESS, host_reference, make_model
+
+    model = ctx.workdir / "bundles" / "hilnet.onnx"
+    if not model.is_file():
+        make_model(model)
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((3, 3, 16, 16)).astype(np.float32)
+    img = rng.integers(0, 256, (37, 53, 3), dtype=np.uint8)
+    want_tensor = host_reference(model, {"input": x})
+    pipe = Pipeline({"preprocess": PREPROCESS}, [TensorSpec("input", np.dtype(np.float32), (-1, 3, 16, 16))],
+                    [TensorSpec("logits", np.dtype(np.float32), (-1, 10))])
+    want_image = host_reference(model, {"input": pipe.preprocess_image(img)[None]})
+    client = ctx.client()
+    try:
+        inp = httpclient.InferInput("input", list(x.shape), "FP32")
+        inp.set_data_from_numpy(x, binary_data=True)
+        got_tensor = client.infer(MODEL_NAME, [inp]).as_numpy("logits")
+        inp = httpclient.InferInput("image", list(img.shape), "UINT8")
+        inp.set_data_from_numpy(img, binary_data=True)
+        got_image = client.infer(MODEL_NAME, [inp]).as_numpy("logits")
+    finally:
+        client.close()
+    err_t = float(np.max(np.abs(got_tensor - want_tensor)))
+    err_i = float(np.max(np.abs(got_image - want_image)))
+    _expect(np.allclose(got_tensor, want_tensor, rtol=1e-4, atol=1e-5),
+            f"board logits differ from FP32 ONNX Runtime on the host by up to {err_t:.3g}")
+    _expect(np.allclose(got_image, want_image, rtol=1e-3, atol=1e-3),
+            f"board logits for the image input differ from the host reference by up to {err_i:.3g}")
+    # The daemon says which ISA its pre-processing kernels dispatched to (once per process).
+    journal = ctx.board.ssh(["journalctl", "-u", UNIT, "--no-pager", "-o", "cat"], check=False).stdout
+    lines = [ln for ln in journal.splitlines() if "pre-processing kernels:" in ln]
+    _expect(bool(lines), "the daemon never logged its pre-processing kernels (numpy fallback?)")
+    daemon_isa = dict(kv.split("=", 1) for kv in lines[-1].split("pre-processing kernels:", 1)[1].split())
+    ctx.info["daemon_kernels_isa"] = daemon_isa
+    want = _expected_isa(ctx)
+    _expect(daemon_isa.get("resize_normalize") == want,
+            f"the daemon's resize_normalize ran {daemon_isa.get('resize_normalize')}, expected {want}")
+    return {"max_abs_err_tensor": err_t, "max_abs_err_image": err_i, "daemon_isa": daemon_isa}
+
+
+def check_identity(ctx: SuiteContext) -> dict[str, Any]:
+    """``cuvil-edge status`` probes the board: architecture, and the personality's Jetson identity."""
+    res = ctx.cli("status", *ctx.device_args(), "--json")
+    _expect(res.returncode == 0, f"status exited {res.returncode}: {(res.stderr or res.stdout).strip()[-600:]}")
+    text = res.stdout
+    _expect('"aarch64"' in text, f"status does not report aarch64: {text[:400]}")
+    board = ctx.board.target.board
+    if board:
+        _expect(f'"{board}"' in text, f"status does not report profile {board}: {text[:600]}")
+        _expect('"36.4.3"' in text, f"status does not report L4T 36.4.3: {text[:600]}")
+    model = ctx.board.ssh("tr -d '\\0' < /proc/device-tree/model", check=False).stdout.strip()
+    return {"device_tree_model": model, "profile_expected": board or "generic-arm64"}
+
+
+def check_tegrastats(ctx: SuiteContext) -> dict[str, Any]:
+    """The tegrastats telemetry source reads the personality's stand-in at its real interval."""
+    if not ctx.board.target.board:
+        raise CheckSkipped("no Jetson personality on this target (use qemu-orin-nano)")
+    code = ("import json, time\n"
+            "from cuvil_edge.telemetry import open_source\n"
+            "src = open_source('tegrastats')\n"
+            "out = []\n"
+            "t0 = time.monotonic()\n"
+            "for s in src:\n"
+            "    out.append({'t': time.monotonic() - t0, 'source': s.source, 'ram_total_mb': s.ram_total_mb})\n"
+            "    if len(out) == 3: break\n"
+            "src.close()\n"
+            "print(json.dumps(out))\n")
+    samples = json.loads(ctx.board.ssh(["python3", "-c", code], timeout=300).stdout.strip().splitlines()[-1])
+    _expect(len(samples) == 3, f"expected 3 samples, got {samples}")
+    _expect(all(s["source"] == "tegrastats" for s in samples), f"not from tegrastats: {samples}")
+    _expect(all(s["ram_total_mb"] for s in samples), f"samples carry no RAM total: {samples}")
+    gap = samples[2]["t"] - samples[1]["t"]
+    _expect(0.5 < gap < 3.0, f"samples {gap:.2f} s apart; tegrastats' interval is 1 s")
+    return {"samples": samples, "interval_s": round(gap, 2)}
+
+
+def check_deploy_upgrade(ctx: SuiteContext) -> dict[str, Any]:
+    """An upgrade (1.0.0 -> 1.1.0) over SSH passes its gate; the daemon serves the new version."""
+    rc, entry = ctx.deploy("v2")
+    _expect(rc == 0, f"deploy of 1.1.0 exited {rc}: {entry}")
+    served = ctx.served_version()
+    _expect(served == "1.1.0", f"the board serves {served}, expected 1.1.0")
+    return {"deploy": {k: entry.get(k) for k in ("status", "version", "seconds") if k in entry}, "served": served}
+
+
+def _load(ctx: SuiteContext, stop: threading.Event, stats: dict[str, Any]) -> None:
+    """Sends requests until ``stop``; counts successes per served version and failures."""
+    import tritonclient.http as httpclient
+
+    from hil.bundles import MODEL_NAME
+
+    x = np.ones((1, 3, 16, 16), np.float32)
+    client = ctx.client()
+    try:
+        while not stop.is_set():
+            inp = httpclient.InferInput("input", list(x.shape), "FP32")
+            inp.set_data_from_numpy(x, binary_data=True)
+            try:
+                res = client.infer(MODEL_NAME, [inp])
+                v = res.get_response().get("model_version", "?")
+                stats["versions"][v] = stats["versions"].get(v, 0) + 1
+            except Exception as exc:  # every failure counts; the checks judge the kind
+                status = getattr(exc, "status", lambda: None)() if hasattr(exc, "status") else None
+                kind = f"http {status}" if status else "connection"
+                stats["failed"] += 1
+                stats["errors"].append(f"{kind}: {type(exc).__name__}: {str(exc)[:200]}")
+                if stats.get("stop_on_refused") and kind == "connection":
+                    break
+    finally:
+        client.close()
+
+
+def check_reload_swap(ctx: SuiteContext) -> dict[str, Any]:
+    """``systemctl reload`` (SIGHUP) swaps the served version under load without a failed request."""
+    from hil.bundles import MODEL_NAME
+
+    before = ctx.served_version()
+    other = "1.0.0" if before == "1.1.0" else "1.1.0"
+    stats: dict[str, Any] = {"versions": {}, "failed": 0, "errors": []}
+    stop = threading.Event()
+    worker = threading.Thread(target=_load, args=(ctx, stop, stats), daemon=True)
+    worker.start()
+    try:
+        time.sleep(3)
+        store = f"/var/lib/cuvil-edge/bundles/{MODEL_NAME}"
+        ctx.board.ssh(f"cd {store} && ln -sfn {other} current.hil && mv -T current.hil current")
+        ctx.board.ssh(["systemctl", "reload", UNIT])
+        deadline = time.monotonic() + 120
+        while stats["versions"].get(other, 0) < 20 and time.monotonic() < deadline and worker.is_alive():
+            time.sleep(0.5)
+    finally:
+        stop.set()
+        worker.join(60)
+    state = ctx.unit_state()
+    _expect(stats["failed"] == 0, f"{stats['failed']} requests failed during the reload: {stats['errors'][:3]}")
+    _expect(stats["versions"].get(other, 0) >= 20, f"the reload did not swap to {other}: {stats['versions']}")
+    _expect(state["ActiveState"] == "active" and state["SubState"] == "running", f"unit after reload: {state}")
+    return {"from": before, "to": other, "requests": stats["versions"], "failed": stats["failed"]}
+
+
+def check_deploy_rollback(ctx: SuiteContext) -> dict[str, Any]:
+    """A bundle whose health gate fails on the board is rolled back; the previous version serves."""
+    before = ctx.served_version()
+    rc, entry = ctx.deploy("bad")
+    _expect(rc != 0, f"deploy of the bad bundle exited 0: {entry}")
+    status = str(entry.get("status", ""))
+    _expect("roll" in status or "fail" in status, f"deploy status {status!r}, expected a rollback")
+    served = ctx.served_version()
+    _expect(served == before, f"after the failed gate the board serves {served}, expected {before}")
+    current = ctx.board.ssh("readlink /var/lib/cuvil-edge/bundles/hilnet/current").stdout.strip()
+    _expect(current == before, f"current -> {current}, expected {before}")
+    return {"status": status, "reason": str(entry.get("reason", ""))[:300], "served": served, "exit": rc}
+
+
+def check_security(ctx: SuiteContext) -> dict[str, Any]:
+    """``systemd-analyze security`` on the board rates the unit's exposure."""
+    res = ctx.board.ssh(["systemd-analyze", "security", "--no-pager", UNIT], check=False, timeout=300)
+    m = re.search(r"Overall exposure level for \S+: ([0-9.]+) (\S+)", res.stdout)
+    _expect(m is not None, f"systemd-analyze security printed no exposure: {(res.stdout + res.stderr)[-400:]}")
+    assert m is not None
+    exposure, label = float(m.group(1)), m.group(2)
+    ctx.info["security_exposure"] = f"{exposure} {label}"
+    _expect(exposure <= 5.0, f"exposure {exposure} {label}: the hardening regressed")
+    return {"exposure": exposure, "label": label}
+
+
+def check_watchdog(ctx: SuiteContext) -> dict[str, Any]:
+    """A stalled event loop (debug fault hook) is killed by the watchdog and restarted by systemd."""
+    before = int(ctx.unit_state().get("NRestarts", "0") or 0)
+    t0 = time.monotonic()
+    ctx.board.ssh(["systemctl", "kill", "--kill-who=main", "-s", "SIGUSR2", UNIT])
+    state = ctx.wait_unit("active", "running", timeout=WATCHDOG_SEC + 240, since_restarts=before)
+    seconds = round(time.monotonic() - t0, 1)
+    journal = ctx.board.ssh(["journalctl", "-u", UNIT, "--no-pager", "-o", "cat"], check=False).stdout
+    _expect("Watchdog timeout" in journal or "watchdog" in journal.lower(),
+            "the journal does not show a watchdog timeout")
+    ctx.served_version()
+    return {"restarts": int(state["NRestarts"]), "back_in_seconds": seconds}
+
+
+def check_stop_drains(ctx: SuiteContext) -> dict[str, Any]:
+    """``systemctl stop`` drains: in-flight requests finish, the daemon exits 0, no request breaks."""
+    stats: dict[str, Any] = {"versions": {}, "failed": 0, "errors": [], "stop_on_refused": True}
+    stop = threading.Event()
+    worker = threading.Thread(target=_load, args=(ctx, stop, stats), daemon=True)
+    worker.start()
+    time.sleep(3)
+    t0 = time.monotonic()
+    ctx.board.ssh(["systemctl", "stop", UNIT], timeout=180)
+    stop_s = round(time.monotonic() - t0, 1)
+    stop.set()
+    worker.join(60)
+    state = ctx.unit_state()
+    journal = ctx.board.ssh(["journalctl", "-u", UNIT, "--no-pager", "-o", "cat", "-n", "40"], check=False).stdout
+    served = sum(stats["versions"].values())
+    _expect(served > 0, "no request succeeded before the stop")
+    _expect(state["Result"] == "success", f"stop result {state['Result']} (exit {state['ExecMainStatus']})")
+    _expect("draining" in journal.lower(), "the daemon did not log that it drains")
+    # Once the listener closed, the next request cannot connect (a connection error); a request
+    # the daemon had accepted must not end in an HTTP error.
+    broken = [e for e in stats["errors"] if not e.startswith("connection")]
+    _expect(not broken, f"requests broke during the drain: {broken[:3]}")
+    ctx.board.ssh(["systemctl", "start", UNIT], timeout=300)
+    ctx.wait_unit("active", "running", timeout=300)
+    return {"served_before_stop": served, "stop_seconds": stop_s, "result": state["Result"],
+            "connection_errors_after_close": len(stats["errors"])}
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    fn: Callable[[SuiteContext], dict[str, Any]]
+    smoke: bool
+
+
+CHECKS: tuple[Check, ...] = (
+    Check("boot", check_boot, True),
+    Check("install_project", check_install_project, True),
+    Check("kernels_isa", check_kernels, True),
+    Check("install_daemon_ready", check_install_daemon, True),
+    Check("deploy_fresh", check_deploy_fresh, True),
+    Check("infer_equals_fp32", check_infer_fp32, True),
+    Check("board_identity", check_identity, False),
+    Check("tegrastats_standin", check_tegrastats, False),
+    Check("deploy_upgrade", check_deploy_upgrade, False),
+    Check("reload_swap", check_reload_swap, False),
+    Check("deploy_failing_gate_rollback", check_deploy_rollback, False),
+    Check("security_exposure", check_security, False),
+    Check("watchdog_restart", check_watchdog, False),
+    Check("stop_drains", check_stop_drains, False),
+)
+SUITES = ("smoke", "full", "boot")
+
+
+def checks_for(suite: str) -> list[Check]:
+    """The checks of ``smoke``, ``full`` or ``boot`` (boot only: the fallback proof), in order."""
+    if suite == "full":
+        return list(CHECKS)
+    if suite == "smoke":
+        return [c for c in CHECKS if c.smoke]
+    if suite == "boot":
+        return [CHECKS[0]]
+    raise HilError(f"unknown suite '{suite}'; use {', '.join(SUITES)}")
