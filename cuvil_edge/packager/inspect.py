@@ -747,7 +747,7 @@ def render_inspect_table(report: InspectReport, only_issues: bool = False) -> An
         title += f", DLA per TensorRT {report.dla_tensorrt}"
     table = Table(title=title)
     table.add_column("#", justify="right")
-    table.add_column("node")
+    table.add_column("node", no_wrap=True)
     table.add_column("op")
     for v in report.tensorrt_versions:
         table.add_column(f"TRT {v}")
@@ -798,8 +798,10 @@ def inspect_cmd(
     if as_json:
         print(json.dumps(report.to_dict(), indent=2))
     else:
+        from cuvil_edge._console import print_table
+
         console = Console()
-        console.print(render_inspect_table(report, only_issues=only_issues))
+        print_table(render_inspect_table(report, only_issues=only_issues), console)
         for name, prof in report.profiles.items():
             for inp, p in prof.items():
                 console.print(f"profile {name}: {inp} min {p['min']} opt {p['opt']} max {p['max']}")
