@@ -28,6 +28,8 @@ import onnx
 from onnx import helper, numpy_helper
 
 from cuvil_edge._toml import loads_toml
+from cuvil_edge.bundle.engine_key import major_minor as _major_minor
+from cuvil_edge.bundle.engine_key import version_tuple as _version_tuple
 from cuvil_edge.errors import ModelError
 from cuvil_edge.packager.qdq_rules import QdqFacts, node_violation
 from cuvil_edge.targets import Target
@@ -59,19 +61,6 @@ _DEFAULT_DOMAINS = ("", "ai.onnx")
 
 
 # --------------------------------------------------------------------------------------- data
-
-
-def _version_tuple(version: str) -> tuple[int, ...]:
-    parts = []
-    for piece in str(version).split("."):
-        digits = "".join(ch for ch in piece if ch.isdigit())
-        parts.append(int(digits) if digits else 0)
-    return tuple(parts)
-
-
-def _major_minor(version: str) -> tuple[int, int]:
-    v = _version_tuple(version) + (0, 0)
-    return v[0], v[1]
 
 
 @functools.lru_cache(maxsize=1)
