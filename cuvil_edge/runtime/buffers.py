@@ -1,6 +1,6 @@
 """Host I/O buffers: a reuse pool and the placement policy per device.
 
-Placement (DESIGN.md, issue #4): on an integrated GPU (Jetson, unified LPDDR) inputs go in
+Placement (issue #4): on an integrated GPU (Jetson, unified LPDDR) inputs go in
 zero-copy *mapped* host memory the GPU reads directly; on a discrete GPU in *pinned* host memory
 copied asynchronously to device buffers; with no GPU (or no pycuda) in plain pageable memory.
 ``pycuda`` is imported only when a GPU placement is asked for.
