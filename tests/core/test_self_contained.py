@@ -79,3 +79,27 @@ def test_readme_links_every_doc_page():
     readme = (REPO / "README.md").read_text("utf-8")
     for page in ("architecture", "bundle-format", "daemon", "deploy", "hil"):
         assert f"(docs/{page}.md)" in readme
+
+
+def _command_names() -> set[str]:
+    import typer.main
+
+    from cuvil_edge.cli import app
+
+    group = typer.main.get_command(app)
+    return set(group.commands)  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("page", ["cuvil_edge/daemon/units/cuvil-edged.service",
+                                  "docs/architecture.md", "docs/bundle-format.md"])
+def test_commands_named_in_shipped_text_exist(page):
+    """A comment or page that tells the user to run `cuvil-edge X` names a real command."""
+    named = set(re.findall(r"`cuvil-edge ([a-z][a-z-]*)", (REPO / page).read_text("utf-8")))
+    assert named, f"{page} names no command; the test would prove nothing"
+    assert sorted(named - _command_names()) == []
+
+
+def test_the_unit_names_the_command_that_installs_it():
+    unit = (REPO / "cuvil_edge/daemon/units/cuvil-edged.service").read_text("utf-8")
+    assert "`cuvil-edge install-daemon" in unit and "deploy install" not in unit
+    assert "install-daemon" in _command_names()
