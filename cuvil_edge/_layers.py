@@ -55,9 +55,11 @@ class Layer:
 LAYERS: tuple[Layer, ...] = (
     Layer("entry", ("cli", "demo"),
           "commands a user runs; each is a thin call into a module below"),
-    Layer("jobs", ("packager", "deploy", "daemon", "loadgen"),
-          "the host's packager, deploy between host and boards, the board's daemon, a KServe load "
-          "generator; independent of each other, so a board install carries none of the host's tools"),
+    Layer("client", ("loadgen",),
+          "a KServe load generator that starts the daemon as a process and measures it (tritonclient)"),
+    Layer("jobs", ("packager", "deploy", "daemon"),
+          "the host's packager, deploy between host and boards, the board's daemon; independent of "
+          "each other, so a board install carries none of the host's tools"),
     Layer("device", ("runtime", "telemetry"),
           "what the daemon runs with on a board: inference backends, memory and power telemetry"),
     Layer("contracts", ("bundle", "recipes", "models"),

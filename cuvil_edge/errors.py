@@ -27,7 +27,8 @@ traceback::
     │   ├── DeviceBusy               deploy/layout.py: another deploy holds the device lock
     │   ├── IncompatibleDevice       deploy/probe.py: bundle built for another board or release
     │   └── _HTTPFailure             deploy/health.py: the daemon did not answer (private)
-    └── TensorRTMissing      runtime/trt.py: TensorRT or pycuda not importable here
+    ├── TensorRTMissing      runtime/trt.py: TensorRT or pycuda not importable here
+    └── ClientMissing        loadgen.py: tritonclient not installed (the client extra)
 
 The leaves marked with a module live beside the code that raises them and are importable from
 there; ``tests/core/test_errors.py`` walks the package and fails on an exception class outside
