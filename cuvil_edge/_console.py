@@ -51,5 +51,5 @@ def print_table(table: Table, out: Console | None = None) -> None:
     # the table at its natural width; the file is read at print time, so captured output works.
     natural = Measurement.get(out, out.options.update(max_width=1 << 16), table).maximum
     wide = Console(file=out.file, width=max(natural, out.width), color_system=out.color_system,
-                   no_color=out.no_color, force_terminal=False, highlight=False)
+                   no_color=out.no_color, force_terminal=False)
     wide.print(table)

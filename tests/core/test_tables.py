@@ -111,3 +111,18 @@ class TestPrintTable:
         text = buf.getvalue()
         assert max(len(line) for line in text.splitlines()) <= 80
         assert _lines_with(text, "root@orin-nano-8gb-lab-rack-07.example:2222") == 1
+
+
+def test_other_tables_print_whole_ids_in_a_pipe(digits_model, tmp_path):
+    """The engine plan table's file names and inspect's node names survive an 80-column pipe too."""
+    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")} | {"COLUMNS": "80"}
+    plan = subprocess.run([sys.executable, "-m", "cuvil_edge.cli", "engine", "plan", str(digits_model),
+                           "--target", "agx-orin-64gb", "--dla-core", "0", "--precision", "fp16", "--out-dir", str(tmp_path)],
+                          capture_output=True, text=True, timeout=300, env=env)
+    assert plan.returncode == 0, plan.stderr
+    for name in ("l4t-36.4.3_trt-10.3.0_sm8.7_dla0.engine", "l4t-35.5.0_trt-8.5.2_sm8.7_dla0.engine"):
+        assert _lines_with(plan.stdout, name) == 1, plan.stdout
+    inspect = subprocess.run([sys.executable, "-m", "cuvil_edge.cli", "inspect", str(digits_model),
+                              "--target", "agx-orin-64gb"], capture_output=True, text=True, timeout=300, env=env)
+    assert inspect.returncode in (0, 1), inspect.stderr
+    assert "…" not in inspect.stdout
