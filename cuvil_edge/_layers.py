@@ -1,12 +1,12 @@
 """The package's layers as data, the import rule they imply, and the dependency picture.
 
-cuvil-edge is read from the top: the commands a user runs, then the three jobs (packager on the
-host, deploy between host and board, the daemon on the board), then what the board runs with
-(runtime, telemetry), then the contracts and inputs they share (bundle, recipes, models), then the
-platform (board profiles, C kernels, TensorRT plugins), then the foundation (errors, atomic writes,
-consoles). A module may import a layer below its own, never one above; modules of one layer do not
-import each other (foundation excepted), so the daemon imports neither the packager nor deploy and a
-board install needs nothing of the host's tools.
+cuvil-edge is read from the top: the commands a user runs, then the load generator (a client of the
+daemon), then the three jobs (packager on the host, deploy between host and board, the daemon on the
+board), then what the board runs with (runtime, telemetry), then the contracts and inputs they share
+(bundle, recipes, models), then the platform (board profiles, C kernels, TensorRT plugins), then the
+foundation (errors, atomic writes, consoles). A module may import a layer below its own, never one
+above; modules of one layer do not import each other (foundation excepted), so the daemon imports
+neither the packager nor deploy and a board's daemon loads nothing of the host's tools.
 
 The rule is checked on the source with :mod:`ast` (no import runs), so a planted upward import fails
 the test suite, and the same scan draws the Mermaid picture in ``docs/architecture.md``::
