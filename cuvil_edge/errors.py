@@ -20,7 +20,9 @@ traceback::
     │   ├── BadRequest               daemon/kserve.py: a request the client must fix (HTTP 4xx)
     │   ├── MemoryRefused            daemon/kserve.py: a model does not fit the budget (HTTP 507)
     │   ├── UnknownModel             daemon/models.py: no such model or version being served
-    │   └── MemoryBudgetError        daemon/scheduler/memory.py: over the memory budget
+    │   ├── MemoryBudgetError        daemon/scheduler/memory.py: over the memory budget
+    │   ├── SharedMemoryError        daemon/shm.py: a shared-memory request the client must fix
+    │   └── RpcFailure               daemon/grpc_server.py: an RPC answered with a gRPC error status
     ├── DeployError          transport, device check, health gate, rollback
     │   ├── Unreachable              deploy/transport.py: network, auth or host key
     │   ├── CorruptUpload            deploy/upload.py: the upload's sha256 did not match

@@ -49,10 +49,17 @@ def test_every_exception_is_drawn_in_the_tree():
 @pytest.mark.parametrize(("where", "name", "base"), [
     ("cuvil_edge.daemon.kserve", "BadRequest", DaemonError),
     ("cuvil_edge.deploy.health", "_HTTPFailure", DeployError),
+    ("cuvil_edge.daemon.grpc_server", "RpcFailure", DaemonError),
 ])
 def test_rebased_classes_keep_their_home_and_behaviour(where, name, base):
     cls = getattr(importlib.import_module(where), name)
     assert issubclass(cls, base)
+    if name == "RpcFailure":
+        import grpc
+
+        exc = cls(grpc.StatusCode.NOT_FOUND, "message", (("k", "v"),))
+        assert exc.code == grpc.StatusCode.NOT_FOUND and exc.trailing == (("k", "v"),) and str(exc) == "message"
+        return
     exc = cls("message", 404) if name == "BadRequest" else cls(404, "message")
     assert exc.status == 404 and str(exc) == "message"
 
