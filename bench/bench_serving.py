@@ -6,7 +6,7 @@ Servers (each a subprocess on loopback, each running ONNX Runtime on the CPU):
 * ``cuvil-edged`` serving a hand-made bundle (manifest.json + model.onnx, no post-processing so
   both servers return the same tensor);
 * ``tritonserver`` 2.51 from PyPI's ``nvidia-pytriton`` (raw binary, no PyTriton hop; recipe and
-  pitfalls in shared/PEERS.md) with a Python-backend ``model.py`` that runs ONNX Runtime on the
+  pitfalls in ``start_triton`` below) with a Python-backend ``model.py`` that runs ONNX Runtime on the
   whole list of requests Triton hands it, dynamic batching on (max batch 8);
 * a canned-reply asyncio+httptools server (``--canned``): no model at all, the floor of what
   the client and HTTP cost;
@@ -193,6 +193,9 @@ def start_triton(repo: Path, work: Path) -> tuple[Proc, str, str]:
         ver = f"{sys.version_info.major}.{sys.version_info.minor}"
         shutil.copy(tdir / "python_backend_stubs" / ver / "triton_python_backend_stub",
                     backends / "python" / "triton_python_backend_stub")
+    # The backend stub loads the system's libpython unless our interpreter's lib/ comes first (model
+    # load then fails with an "RLock ... _recursion_count" error), and the embedded interpreter finds
+    # its packages through the first python3 on PATH (PYTHONPATH is ignored): put the venv's bin/ first.
     env = dict(os.environ)
     libs = [str(Path(sys.base_prefix) / "lib"), str(Path(pytriton.__file__).parents[1] / "nvidia_pytriton.libs")]
     env["LD_LIBRARY_PATH"] = ":".join(libs + [env.get("LD_LIBRARY_PATH", "")])

@@ -12,16 +12,13 @@ import json
 import sys
 
 import typer
-from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from cuvil_edge._console import console, err_console, id_column, print_table
 from cuvil_edge.errors import CuvilEdgeError
 
 __all__ = ["app", "main", "console", "err_console"]
-
-console = Console()
-err_console = Console(stderr=True)
 
 app = typer.Typer(
     name="cuvil-edge",
@@ -56,8 +53,9 @@ def targets_cmd(
         print(json.dumps([t.to_dict() for t in targets.values()], indent=2))
         return
     table = Table(title="Board profiles")
-    for col in ("name", "CPU", "cores", "ISA (SVE bytes)", "RAM GB", "GB/s", "SM", "DLA", "TensorRT"):
-        table.add_column(col)
+    id_column(table, "name")
+    for col in ("CPU", "cores", "ISA (SVE bytes)", "RAM GB", "GB/s", "SM", "DLA", "TensorRT"):
+        table.add_column(col, overflow="fold")
     for t in targets.values():
         isa = ",".join(t.isa) + (f" ({t.sve_vector_bytes})" if t.sve_vector_bytes else "")
         trt = ", ".join(r.tensorrt for r in t.releases) or "-"
@@ -66,7 +64,7 @@ def targets_cmd(
             f"{t.mem_bandwidth_gbs:g}" if t.mem_bandwidth_gbs else "-", t.gpu_sm or "-",
             str(t.dla_cores), trt,
         )
-    console.print(table)
+    print_table(table)
 
 
 def _register_all() -> None:

@@ -18,6 +18,8 @@ import numpy as np
 import typer
 from rich.table import Table
 
+from cuvil_edge._console import print_table
+
 __all__ = ["imagenet_labels", "register", "run_demo"]
 
 DEMO_RECIPE = "efficientnet-lite0-orin-nano.toml"
@@ -61,8 +63,8 @@ def _install(bundle: Path, store: Path, public_key: Path) -> Path:
 
 def run_demo(out_dir: Path, serve: bool = True, requests: int = 200) -> dict[str, Any]:
     """Run the demo; returns the figures it printed."""
+    from cuvil_edge._console import console
     from cuvil_edge.bundle import generate_keypair, verify_bundle
-    from cuvil_edge.cli import console
     from cuvil_edge.packager.data import load_photo
     from cuvil_edge.packager.imaging import preprocess_image
     from cuvil_edge.packager.load import load_model
@@ -128,7 +130,7 @@ def run_demo(out_dir: Path, serve: bool = True, requests: int = 200) -> dict[str
     table.add_column(f"bundle ({recipe.precision})")
     for i, (a, b) in enumerate(zip(top5(ref_logits), top5(logits), strict=True)):
         table.add_row(str(i + 1), f"{a[0]} {a[1]:.3f}", f"{b[0]} {b[1]:.3f}")
-    console.print(table)
+    print_table(table, console)
 
     metrics = next(iter(result.report["validation"]["outputs"].values()))
     kept = result.report["quantization"].get("kept_float_groups", [])
@@ -153,7 +155,7 @@ def run_demo(out_dir: Path, serve: bool = True, requests: int = 200) -> dict[str
     ]
     for k, v in rows:
         summary.add_row(k, v)
-    console.print(summary)
+    print_table(summary, console)
     figures: dict[str, Any] = {"bundle": str(bundle), "metrics": metrics, "kept_float": kept,
                                "latency_ms": latency_ms, "store": str(store)}
     if serve:
@@ -163,21 +165,21 @@ def run_demo(out_dir: Path, serve: bool = True, requests: int = 200) -> dict[str
 
 
 def _serve(store: Path, board: str, requests: int) -> dict[str, Any] | None:
-    from cuvil_edge.cli import console
+    from cuvil_edge._console import console
+    from cuvil_edge.loadgen import ClientMissing, serve_and_measure
 
     try:
-        from cuvil_edge.daemon.demo import serve_and_measure
-    except ImportError:
-        console.print("daemon not available in this build: skipping the serving step")
+        with console.status(f"serving with cuvil-edged (simulated {board} telemetry), {requests} requests"):
+            figures = serve_and_measure(store, board=board, requests=requests)
+    except ClientMissing as exc:
+        console.print(f"skipping the serving step: {exc}", markup=False)
         return None
-    with console.status(f"serving with cuvil-edged (simulated {board} telemetry), {requests} requests"):
-        figures = serve_and_measure(store, board=board, requests=requests)
     table = Table(title=f"cuvil-edged on a simulated {board}: tritonclient, binary tensors")
     table.add_column("figure")
     table.add_column("value", justify="right")
     for label, value in _serving_rows(figures):
         table.add_row(label, value)
-    console.print(table)
+    print_table(table, console)
     return figures
 
 

@@ -15,8 +15,26 @@ traceback::
     │   └── SignatureError   bad key, bad or missing signature
     ├── KernelError          bad arguments to a C kernel, library missing
     ├── TelemetryError       telemetry source or parse failure
+    │   └── SourceExhausted          telemetry/base.py: the source ended normally
     ├── DaemonError          daemon configuration or serving failure
-    └── DeployError          transport, device check, health gate, rollback
+    │   ├── BadRequest               daemon/kserve.py: a request the client must fix (HTTP 4xx)
+    │   ├── MemoryRefused            daemon/kserve.py: a model does not fit the budget (HTTP 507)
+    │   ├── UnknownModel             daemon/models.py: no such model or version being served
+    │   ├── MemoryBudgetError        daemon/scheduler/memory.py: over the memory budget
+    │   ├── SharedMemoryError        daemon/shm.py: a shared-memory request the client must fix
+    │   └── RpcFailure               daemon/grpc_server.py: an RPC answered with a gRPC error status
+    ├── DeployError          transport, device check, health gate, rollback
+    │   ├── Unreachable              deploy/transport.py: network, auth or host key
+    │   ├── CorruptUpload            deploy/upload.py: the upload's sha256 did not match
+    │   ├── DeviceBusy               deploy/layout.py: another deploy holds the device lock
+    │   ├── IncompatibleDevice       deploy/probe.py: bundle built for another board or release
+    │   └── _HTTPFailure             deploy/health.py: the daemon did not answer (private)
+    ├── TensorRTMissing      runtime/trt.py: TensorRT or pycuda not importable here
+    └── ClientMissing        loadgen.py: tritonclient not installed (the client extra)
+
+The leaves marked with a module live beside the code that raises them and are importable from
+there; ``tests/core/test_errors.py`` walks the package and fails on an exception class outside
+this tree or missing from this picture.
 """
 
 from __future__ import annotations

@@ -16,7 +16,8 @@ from typing import Any
 from cuvil_edge._toml import loads_toml
 from cuvil_edge.errors import TargetError
 
-__all__ = ["JetPackRelease", "Target", "all_targets", "get_target", "host_target_name"]
+__all__ = ["BoardFigures", "JetPackRelease", "Target", "all_targets", "get_target", "host_target_name",
+           "profile_for_device_tree"]
 
 _ISAS = {"neon", "sve", "sve2", "sse4.2", "avx2"}
 
@@ -33,6 +34,23 @@ class JetPackRelease:
     @property
     def tensorrt_major(self) -> int:
         return int(self.tensorrt.split(".")[0])
+
+
+@dataclass(frozen=True)
+class BoardFigures:
+    """Clock and power figures of a board (data sheet power-mode tables), ``clocks_power`` in the data.
+
+    The telemetry simulator models a board from them; ``rails`` are named as that board's
+    tegrastats names them, input rail first.
+    """
+
+    gpu_max_mhz: float
+    cpu_max_mhz: float
+    emc_max_mhz: float
+    idle_mw: float
+    max_mw: float
+    rails: tuple[str, ...]  # input rail first, as that board's tegrastats names them
+    gpu_util_reported: bool = True  # Thor's tegrastats prints GPC clocks without utilization
 
 
 @dataclass(frozen=True)
@@ -55,6 +73,9 @@ class Target:
     dla_cores: int
     releases: tuple[JetPackRelease, ...]
     source: str
+    figures: BoardFigures | None = field(default=None, compare=False)
+    device_tree_model: str = field(default="", compare=False)  # in /proc/device-tree/model
+    device_tree_min_ram_mb: int = field(default=0, compare=False)  # picks between variants of one model
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
 
     @property
@@ -99,15 +120,40 @@ class Target:
         }
 
 
-def _require(board: str, raw: dict[str, Any], key: str, kind: type) -> Any:
+def _require(board: str, raw: dict[str, Any], key: str, kind: type | tuple[type, ...]) -> Any:
     if key not in raw:
         raise TargetError(f"targets.toml: board '{board}' lacks field '{key}'")
     value = raw[key]
     if kind is float and isinstance(value, int):
         value = float(value)
     if not isinstance(value, kind):
-        raise TargetError(f"targets.toml: board '{board}' field '{key}' must be {kind.__name__}")
+        name = "number" if isinstance(kind, tuple) else kind.__name__
+        raise TargetError(f"targets.toml: board '{board}' field '{key}' must be {name}")
     return value
+
+
+def _figures(board: str, raw: Any) -> BoardFigures | None:
+    if raw is None:
+        return None
+    where = f"{board}.clocks_power"
+    if not isinstance(raw, dict):
+        raise TargetError(f"targets.toml: board '{board}' field 'clocks_power' must be a table")
+    numbers = {}
+    for key in ("gpu_max_mhz", "cpu_max_mhz", "emc_max_mhz", "idle_mw", "max_mw"):
+        value = _require(where, raw, key, (int, float))  # kept as written: 625 stays an int
+        if isinstance(value, bool):
+            raise TargetError(f"targets.toml: board '{where}' field '{key}' must be a number")
+        numbers[key] = value
+    if min(numbers.values()) < 0 or numbers["idle_mw"] > numbers["max_mw"]:
+        raise TargetError(f"targets.toml: board '{where}': figures must be >= 0 and idle_mw <= max_mw")
+    rails = _require(where, raw, "rails", list)
+    if not rails or not all(isinstance(r, str) and r for r in rails):
+        raise TargetError(f"targets.toml: board '{where}' field 'rails' must list rail names, input rail first")
+    util = raw.get("gpu_util_reported", True)
+    if not isinstance(util, bool):
+        raise TargetError(f"targets.toml: board '{where}' field 'gpu_util_reported' must be bool")
+    _require(where, raw, "source", str)
+    return BoardFigures(**numbers, rails=tuple(rails), gpu_util_reported=util)
 
 
 def _parse(data: dict[str, Any]) -> dict[str, Target]:
@@ -145,6 +191,9 @@ def _parse(data: dict[str, Any]) -> dict[str, Target]:
             dla_cores=_require(name, raw, "dla_cores", int),
             releases=tuple(jps),
             source=_require(name, raw, "source", str),
+            figures=_figures(name, raw.get("clocks_power")),
+            device_tree_model=str(raw.get("device_tree_model", "")),
+            device_tree_min_ram_mb=int(raw.get("device_tree_min_ram_mb", 0)),
         )
     return targets
 
@@ -163,6 +212,30 @@ def get_target(name: str) -> Target:
     if key not in targets:
         raise TargetError(f"unknown target '{name}'; known targets: {', '.join(sorted(targets))}")
     return targets[key]
+
+
+def profile_for_device_tree(model: str, ram_mb: int | None) -> str | None:
+    """The profile whose ``device_tree_model`` occurs in ``model``, the variant chosen by RAM.
+
+    Args:
+        model (str): ``/proc/device-tree/model`` of a device, e.g. ``"NVIDIA Jetson Orin Nano
+            Developer Kit"``.
+        ram_mb (int | None): RAM the device reports; None picks the largest variant.
+
+    Returns:
+        The profile name, or None when no profile names this module.
+    """
+    groups: dict[str, list[Target]] = {}
+    for target in all_targets().values():
+        if target.device_tree_model and target.device_tree_model.lower() in model.lower():
+            groups.setdefault(target.device_tree_model, []).append(target)
+    for variants in groups.values():
+        variants.sort(key=lambda t: t.device_tree_min_ram_mb, reverse=True)
+        for target in variants:
+            if ram_mb is None or ram_mb >= target.device_tree_min_ram_mb:
+                return target.name
+        return variants[-1].name
+    return None
 
 
 def host_target_name() -> str:

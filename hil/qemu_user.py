@@ -1,6 +1,6 @@
 """qemu-user target of the HIL rig: run aarch64 programs here, on a chosen CPU model.
 
-``CPU_MODELS`` is the matrix the kernel proofs run on (PEERS.md): Orin's stand-in
+``CPU_MODELS`` is the matrix the kernel proofs run on (QEMU 7.2 has no cortex-a78ae): Orin's stand-in
 (cortex-a76, NEON only), neoverse-n1, ``max`` with SVE off, and ``max`` at SVE vector lengths
 of 16 (Thor/Grace), 32, 64 and 256 bytes. In user mode ``sve-default-vector-length`` sets the
 length; ``sveNNN=on`` only raises the maximum.

@@ -14,8 +14,8 @@ def keygen(
     force: bool = typer.Option(False, "--force", help="Overwrite existing keys."),
 ) -> None:
     """Write an Ed25519 key pair that the stock minisign tool accepts (secret key mode 0600)."""
+    from cuvil_edge._console import console
     from cuvil_edge.bundle.signing import default_key_paths, generate_keypair
-    from cuvil_edge.cli import console
 
     sk, pk = (out / "cuvil.key", out / "cuvil.pub") if out else default_key_paths()
     public = generate_keypair(sk, pk, overwrite=force)
@@ -28,8 +28,8 @@ def sign(
     key: Path = typer.Option(None, "--key", help="Secret key. Defaults to the default key."),
 ) -> None:
     """Re-sign a bundle's manifest with another key; the payload is checked first and kept byte for byte."""
+    from cuvil_edge._console import console
     from cuvil_edge.bundle.resign import resign_bundle
-    from cuvil_edge.cli import console
 
     manifest = resign_bundle(bundle, key)
     console.print(f"signed {bundle} ({manifest.name} {manifest.version}) with key {manifest.raw['key_id']}")
@@ -40,8 +40,8 @@ def verify(
     pub: Path = typer.Option(None, "--pub", help="Public key; without it only integrity is checked."),
 ) -> None:
     """Check a bundle's checksums, members and (with --pub) its signature. Exits 1 on any failure."""
+    from cuvil_edge._console import console
     from cuvil_edge.bundle import verify_bundle, verify_directory
-    from cuvil_edge.cli import console
 
     manifest = verify_directory(bundle, pub) if bundle.is_dir() else verify_bundle(bundle, pub)
     what = "signature and checksums" if pub else "checksums (signature NOT checked: pass --pub)"

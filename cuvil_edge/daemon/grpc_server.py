@@ -73,7 +73,7 @@ _CONTENTS_FIELD = {
 }
 
 
-class RpcFailure(Exception):
+class RpcFailure(DaemonError):
     """An RPC answered with a gRPC error status (``code``), message and trailing metadata."""
 
     def __init__(self, code: grpc.StatusCode, message: str,

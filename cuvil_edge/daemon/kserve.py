@@ -58,7 +58,7 @@ _TEXT = b"text/plain; version=0.0.4; charset=utf-8"
 _EMPTY_OK = b"{}"
 
 
-class BadRequest(Exception):
+class BadRequest(DaemonError):
     """A request the client must fix; ``status`` is the HTTP code."""
 
     def __init__(self, message: str, status: int = 400) -> None:

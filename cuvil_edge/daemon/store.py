@@ -1,6 +1,6 @@
 """The bundle store on the device: ``<root>/bundles/<name>/<version>/`` plus a ``current`` link.
 
-Layout (CONTRACTS.md)::
+Layout (docs/bundle-format.md)::
 
     <root>/bundles/efficientnet-lite0/1.0.0/manifest.json ...
     <root>/bundles/efficientnet-lite0/1.1.0/...

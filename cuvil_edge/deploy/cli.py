@@ -10,6 +10,8 @@ from typing import Any
 
 import typer
 
+from cuvil_edge._console import print_table
+
 __all__ = ["register"]
 
 _ENV = "CUVIL_EDGE_"
@@ -72,7 +74,7 @@ def _devices(to: list[str] | None, inventory: Path | None, identity: Path | None
 
 
 def _console(stderr: bool = False) -> Any:
-    from cuvil_edge.cli import console, err_console
+    from cuvil_edge._console import console, err_console
 
     return err_console if stderr else console
 
@@ -231,7 +233,7 @@ def _print_results(report: Any) -> None:
         text = r.reason or "; ".join(r.notes)
         t.add_row(r.device, f"[{colors.get(r.status, 'red')}]{r.status}[/]", r.version or "-",
                   r.previous or "-", _size(r.bytes_sent), f"{r.seconds:.1f}", text)
-    _console().print(t)
+    print_table(t, _console())
     if report.stopped:
         _console().print(f"[bold red]rollout stopped:[/] {report.stopped}", highlight=False)
 
@@ -304,7 +306,7 @@ def rollback_cmd(
         for r in results:
             st = "rolled back" if r.status == "deployed" else r.status
             t.add_row(r.device, st, r.version or "-", r.previous or "-", r.reason or "; ".join(r.notes))
-        _console().print(t)
+        print_table(t, _console())
     ok = all(r.status == "deployed" for r in results)
     _console(as_json).print(f"[bold {'green' if ok else 'red'}]{'PASSED' if ok else 'FAILED'}[/] "
                      f"{len(results)} device(s) in {time.monotonic() - t0:.1f} s", highlight=False)
@@ -359,7 +361,7 @@ def status_cmd(
                 t.add_row(s["device"] if i == 0 else "", board if i == 0 else "", s.get("daemon", "") if i == 0
                           else "", m.get("name", "-"), m.get("current") or "-", m.get("previous") or "-",
                           ", ".join(m.get("versions", [])) or "-", ready, _backend_text(m), pending, last)
-        _console().print(t)
+        print_table(t, _console())
     _fail_unless(all(s.get("reachable") for s in results), "some devices are unreachable")
 
 
@@ -403,7 +405,7 @@ def install_daemon_cmd(
         for r in results:
             t.add_row(r.device, r.status, r.unit_path, ", ".join(r.enabled), "running" if r.systemd_running
                       else "not running (enabled for next boot)", r.reason)
-        _console().print(t)
+        print_table(t, _console())
     ok = all(r.ok for r in results)
     _console(as_json).print(f"[bold {'green' if ok else 'red'}]{'PASSED' if ok else 'FAILED'}[/] "
                      f"{len(results)} device(s) in {time.monotonic() - t0:.1f} s", highlight=False)

@@ -20,6 +20,8 @@ from typing import Any
 
 import numpy as np
 
+from cuvil_edge.errors import DeployError
+
 __all__ = ["HealthResult", "check_health", "daemon_load", "daemon_request", "daemon_unload"]
 
 _DTYPES = {
@@ -44,7 +46,9 @@ class HealthResult:
         return asdict(self)
 
 
-class _HTTPFailure(Exception):
+class _HTTPFailure(DeployError):
+    """The daemon did not answer; callers turn it into a health result or a DeployError message."""
+
     def __init__(self, status: int, message: str) -> None:
         super().__init__(message)
         self.status = status

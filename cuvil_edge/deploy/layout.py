@@ -1,6 +1,6 @@
 """The bundle store on a device and the operations deploy does on it, all through SFTP.
 
-Layout (DESIGN.md; ``<store>`` defaults to ``/var/lib/cuvil-edge``)::
+Layout (docs/bundle-format.md; ``<store>`` defaults to ``/var/lib/cuvil-edge``)::
 
     <store>/bundles/<name>/<version>/        an extracted, verified bundle (what the daemon serves)
     <store>/bundles/<name>/current -> <version>

@@ -16,7 +16,7 @@ from typing import Any
 
 from cuvil_edge.deploy.transport import SSHTransport
 from cuvil_edge.errors import DeployError
-from cuvil_edge.targets import get_target
+from cuvil_edge.targets import get_target, profile_for_device_tree
 
 __all__ = ["DeviceFacts", "IncompatibleDevice", "check_compatible", "parse_dpkg_status", "probe_local",
            "parse_nv_tegra_release", "probe_device", "profile_from_model"]
@@ -79,26 +79,11 @@ def parse_dpkg_status(text: str) -> str | None:
     return None
 
 
-# Device tree model strings (``/proc/device-tree/model``) → profiles; RAM picks the variant.
-_MODELS: list[tuple[str, list[tuple[int, str]]]] = [
-    ("AGX Thor", [(0, "agx-thor")]),
-    ("AGX Orin", [(40_000, "agx-orin-64gb"), (0, "agx-orin-32gb")]),
-    ("Orin NX", [(12_000, "orin-nx-16gb"), (0, "orin-nx-8gb")]),
-    ("Orin Nano", [(6_000, "orin-nano-8gb"), (0, "orin-nano-4gb")]),
-    ("AGX Xavier", [(0, "agx-xavier")]),
-    ("Xavier NX", [(0, "xavier-nx")]),
-]
-
-
 def profile_from_model(model: str | None, arch: str, ram_mb: int | None) -> str | None:
-    """Board profile name from the device tree model string, architecture and RAM."""
-    if model:
-        for needle, variants in _MODELS:
-            if needle.lower() in model.lower():
-                for min_mb, name in variants:
-                    if ram_mb is None or ram_mb >= min_mb:
-                        return name
-                return variants[-1][1]
+    """Board profile name from the device tree model string (``device_tree_model`` in the board
+    profiles), architecture and RAM."""
+    if model and (name := profile_for_device_tree(model, ram_mb)):
+        return name
     if arch == "x86_64":
         return "x86-host"
     if arch == "aarch64":

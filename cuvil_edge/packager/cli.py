@@ -10,6 +10,8 @@ from typing import Any
 import typer
 from rich.table import Table
 
+from cuvil_edge._console import id_column, print_table
+
 __all__ = ["register"]
 
 
@@ -58,7 +60,7 @@ def _recipe(
 
 def _metrics_table(title: str, metrics: dict[str, Any]) -> Table:
     table = Table(title=title)
-    table.add_column("metric")
+    id_column(table, "metric")
     table.add_column("value", justify="right")
     for key, value in metrics.items():
         table.add_row(key, f"{value:.4f}" if isinstance(value, float) else str(value))
@@ -81,7 +83,7 @@ def package_cmd(
                                   help="cuvil (default) or modelopt (NVIDIA Model Optimizer; extra cuvil-edge[modelopt])."),
 ) -> None:
     """Quantize a model for a board, check its accuracy against FP32, and write a signed bundle."""
-    from cuvil_edge.cli import console
+    from cuvil_edge._console import console
     from cuvil_edge.packager.package import package
 
     started = time.perf_counter()
@@ -95,7 +97,7 @@ def package_cmd(
         return
     primary = result.report["validation"]["outputs"]
     first = next(iter(primary.values()))
-    console.print(_metrics_table(f"{rec.name}: {rec.precision} ({result.report['runtime_format']}) vs FP32", first))
+    print_table(_metrics_table(f"{rec.name}: {rec.precision} ({result.report['runtime_format']}) vs FP32", first))
     kept = result.report["quantization"].get("kept_float_groups")
     if kept is not None:
         console.print(f"mixed precision kept in float: {', '.join(kept) or 'nothing'}")
@@ -115,8 +117,8 @@ def quantize_cmd(
 ) -> None:
     """Quantize only: write the model in the target runtime's format, without validation or bundle."""
     from cuvil_edge._atomic import atomic_write_bytes
+    from cuvil_edge._console import console
     from cuvil_edge._progress import packaging_progress
-    from cuvil_edge.cli import console
     from cuvil_edge.packager.data import load_dataset
     from cuvil_edge.packager.load import load_model, model_inputs
     from cuvil_edge.packager.package import quantize_model, resolve_model
@@ -145,7 +147,7 @@ def validate_cmd(
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
     """Compare a quantized model with its original; exit 1 when the recipe's accuracy goal is missed."""
-    from cuvil_edge.cli import console
+    from cuvil_edge._console import console
     from cuvil_edge.packager.data import load_dataset
     from cuvil_edge.packager.load import load_model, model_inputs
     from cuvil_edge.packager.package import resolve_model
@@ -165,7 +167,7 @@ def validate_cmd(
     if as_json:
         print(json.dumps(report.to_dict(), indent=2))
     else:
-        console.print(_metrics_table(f"{candidate} vs {reference}", report.primary))
+        print_table(_metrics_table(f"{candidate} vs {reference}", report.primary))
     report.raise_if_failed(str(candidate))
     console.print("[green]PASSED[/] accuracy goal met")
 

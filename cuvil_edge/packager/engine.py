@@ -1,6 +1,6 @@
 """TensorRT engine build plans, the engine cache, the builder and remote builds on a device.
 
-Engines are built where they run: the packager writes one JSON *build plan* per
+Engines are built where they run (docs/bundle-format.md): the packager writes one JSON *build plan* per
 TensorRT version of the target into the bundle, and the device (or a host orchestrating a remote
 build over SSH) turns ``plan + model.onnx`` into an engine keyed by
 ``(L4T, TensorRT, SM, DLA core)``. A plan says everything the builder needs:

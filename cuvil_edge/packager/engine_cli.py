@@ -32,6 +32,7 @@ def plan_cmd(
     from rich.table import Table
 
     from cuvil_edge._atomic import atomic_write_text
+    from cuvil_edge._console import print_table
     from cuvil_edge.packager.engine import make_build_plans
     from cuvil_edge.targets import get_target
 
@@ -50,7 +51,7 @@ def plan_cmd(
         table.add_row(plan["tensorrt"], plan["precision_mode"], flags,
                       str(plan["workspace"]["bytes"] >> 20), dla, plan["engine_file"])
     console = Console()
-    console.print(table)
+    print_table(table, console)
     for plan in plans:
         for w in plan["warnings"]:
             console.print(f"[yellow]warning[/] (TensorRT {plan['tensorrt']}): {w}")

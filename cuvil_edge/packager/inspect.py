@@ -28,6 +28,8 @@ import onnx
 from onnx import helper, numpy_helper
 
 from cuvil_edge._toml import loads_toml
+from cuvil_edge.bundle.engine_key import major_minor as _major_minor
+from cuvil_edge.bundle.engine_key import version_tuple as _version_tuple
 from cuvil_edge.errors import ModelError
 from cuvil_edge.packager.qdq_rules import QdqFacts, node_violation
 from cuvil_edge.targets import Target
@@ -59,19 +61,6 @@ _DEFAULT_DOMAINS = ("", "ai.onnx")
 
 
 # --------------------------------------------------------------------------------------- data
-
-
-def _version_tuple(version: str) -> tuple[int, ...]:
-    parts = []
-    for piece in str(version).split("."):
-        digits = "".join(ch for ch in piece if ch.isdigit())
-        parts.append(int(digits) if digits else 0)
-    return tuple(parts)
-
-
-def _major_minor(version: str) -> tuple[int, int]:
-    v = _version_tuple(version) + (0, 0)
-    return v[0], v[1]
 
 
 @functools.lru_cache(maxsize=1)
@@ -747,7 +736,7 @@ def render_inspect_table(report: InspectReport, only_issues: bool = False) -> An
         title += f", DLA per TensorRT {report.dla_tensorrt}"
     table = Table(title=title)
     table.add_column("#", justify="right")
-    table.add_column("node")
+    table.add_column("node", no_wrap=True)
     table.add_column("op")
     for v in report.tensorrt_versions:
         table.add_column(f"TRT {v}")
@@ -798,8 +787,10 @@ def inspect_cmd(
     if as_json:
         print(json.dumps(report.to_dict(), indent=2))
     else:
+        from cuvil_edge._console import print_table
+
         console = Console()
-        console.print(render_inspect_table(report, only_issues=only_issues))
+        print_table(render_inspect_table(report, only_issues=only_issues), console)
         for name, prof in report.profiles.items():
             for inp, p in prof.items():
                 console.print(f"profile {name}: {inp} min {p['min']} opt {p['opt']} max {p['max']}")

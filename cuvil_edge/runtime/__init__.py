@@ -76,7 +76,7 @@ def load_backend(
 
     Args:
         bundle_dir (Path): the bundle directory.
-        manifest (Mapping[str, Any]): its manifest (dict form, CONTRACTS.md).
+        manifest (Mapping[str, Any]): its manifest (dict form, docs/bundle-format.md).
         options (BackendOptions | None): runtime options. Defaults to ``BackendOptions()``.
         kind (str | None): force a backend (``"ort"``/``"tensorrt"``). Defaults to TensorRT when
             the bundle is a TensorRT bundle with an engine present and TensorRT imports here,

@@ -13,7 +13,7 @@ Writing a backend (``runtime/trt.py`` follows this):
 * ``available() -> tuple[bool, str]`` (staticmethod): whether the runtime imports here, and if
   not the reason (shown by the loader and used by tests to skip);
 * ``from_bundle(bundle_dir, manifest, options) -> Backend`` (classmethod): pick the artefact
-  (``model.onnx``, ``engines/<key>.engine``) from the manifest dict (CONTRACTS.md) and construct,
+  (``model.onnx``, ``engines/<key>.engine``) from the manifest dict (docs/bundle-format.md) and construct,
   cheaply: nothing heavy happens before ``activate``;
 * ``activate_impl()`` loads the session/engine; ``deactivate_impl()`` frees it;
 * ``infer_impl(feed, outputs)`` takes C-contiguous numpy arrays keyed by input name, whose first

@@ -84,7 +84,7 @@ def _import_pycuda() -> Any:
 
 
 def _mm(version: str) -> tuple[int, int]:
-    from cuvil_edge.packager.inspect import _major_minor
+    from cuvil_edge.bundle.engine_key import major_minor as _major_minor
 
     return _major_minor(version)
 
@@ -150,7 +150,7 @@ def installed_tensorrt_version() -> str:
 
 def choose_placement(integrated: bool, has_gpu: bool = True) -> str:
     """I/O placement for a device: mapped zero-copy on integrated GPUs, pinned + device copies
-    on discrete ones, pageable without a GPU (issue #4)."""
+    on discrete ones, pageable without a GPU (issue #4; see ``runtime/buffers.py``)."""
     if not has_gpu:
         return Placement.PAGEABLE
     return Placement.MAPPED if integrated else Placement.PINNED

@@ -1,4 +1,4 @@
-"""The normalized telemetry record every source yields (DESIGN.md, "Telemetry sample").
+"""The normalized telemetry record every source yields (docs/architecture.md, "Telemetry → daemon").
 
 A field the source does not carry is ``None``, never ``0``: tegrastats without sudo drops EMC and
 GR3D, Thor prints GPU frequencies without a utilization, x86 has no GPU rail. Consumers must test

@@ -8,8 +8,9 @@ measurement. It is built from documented figures and a few stated assumptions:
   (``nvzramconfig``). The OS and desktop baseline is ``os_used_mb`` (assumption: 1.1 GB, a
   JetPack 6 image after boot).
 * GPU and CPU maximum clocks and the power range per board (``BOARD_FIGURES``) come from the
-  module data sheets' power-mode tables (Orin Nano DS-11105-001, Orin NX DS-10712-001, AGX Orin
-  DS-10662-001, Xavier DS-09654-001/DS-09693-001, Thor product page).
+  board profile too (``clocks_power`` in ``data/targets.toml``): the module data sheets'
+  power-mode tables (Orin Nano DS-11105-001, Orin NX DS-10712-001, AGX Orin DS-10662-001,
+  Xavier DS-09654-001/DS-09693-001, Thor product page).
 * Power = idle + (max − idle) × (0.6 GPU + 0.25 CPU + 0.15 EMC utilization) × clock scale
   (assumption: a linear split, not a measurement).
 * Temperature follows a first-order model toward ``ambient + 55 °C × power / max power`` with a
@@ -35,7 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cuvil_edge.errors import TelemetryError
-from cuvil_edge.targets import Target, get_target
+from cuvil_edge.targets import BoardFigures, Target, all_targets, get_target
 from cuvil_edge.telemetry.base import TelemetrySource
 from cuvil_edge.telemetry.sample import Sample
 
@@ -44,31 +45,10 @@ __all__ = ["BOARD_FIGURES", "BoardFigures", "Scenario", "SimulatedBoard"]
 MiB = 1024 * 1024
 
 
-@dataclass(frozen=True)
-class BoardFigures:
-    """Clock and power figures of a board (data sheet power-mode tables)."""
-
-    gpu_max_mhz: float
-    cpu_max_mhz: float
-    emc_max_mhz: float
-    idle_mw: float
-    max_mw: float
-    rails: tuple[str, ...]  # input rail first, as that board's tegrastats names them
-    gpu_util_reported: bool = True  # Thor's tegrastats prints GPC clocks without utilization
-
-
+# By board name, read from the board profiles; BoardFigures itself now lives in cuvil_edge.targets
+# and is re-exported here, where the simulator's users have always found it.
 BOARD_FIGURES: dict[str, BoardFigures] = {
-    "orin-nano-4gb": BoardFigures(625, 1510, 2133, 3000, 10000, ("VDD_IN", "VDD_CPU_GPU_CV", "VDD_SOC")),
-    "orin-nano-8gb": BoardFigures(625, 1510, 2133, 3500, 15000, ("VDD_IN", "VDD_CPU_GPU_CV", "VDD_SOC")),
-    "orin-nx-8gb": BoardFigures(765, 1984, 3199, 4000, 20000, ("VDD_IN", "VDD_CPU_GPU_CV", "VDD_SOC")),
-    "orin-nx-16gb": BoardFigures(918, 1984, 3199, 4500, 25000, ("VDD_IN", "VDD_CPU_GPU_CV", "VDD_SOC")),
-    "agx-orin-32gb": BoardFigures(930, 2188, 3199, 7000, 40000, ("VIN_SYS_5V0", "VDD_GPU_SOC", "VDD_CPU_CV")),
-    "agx-orin-64gb": BoardFigures(1300, 2201, 3199, 8000, 60000, ("VIN_SYS_5V0", "VDD_GPU_SOC", "VDD_CPU_CV")),
-    "xavier-nx": BoardFigures(1100, 1900, 1866, 3500, 20000, ("VDD_IN", "VDD_CPU_GPU_CV", "VDD_SOC")),
-    "agx-xavier": BoardFigures(1377, 2265, 2133, 6000, 30000, ("VDD_IN", "GPU", "CPU", "SOC")),
-    "agx-thor": BoardFigures(1575, 2601, 4266, 25000, 130000, ("VIN", "VDD_GPU", "VDD_CPU_SOC_MSS"), False),
-    "generic-arm64": BoardFigures(0, 2400, 2133, 2500, 12000, ("VDD_IN",)),
-    "x86-host": BoardFigures(0, 3000, 3200, 20000, 120000, ("VDD_IN",)),
+    name: target.figures for name, target in all_targets().items() if target.figures is not None
 }
 
 
@@ -125,7 +105,7 @@ class SimulatedBoard(TelemetrySource):
     ) -> None:
         super().__init__(interval_s)
         self.target = board if isinstance(board, Target) else get_target(board)
-        self.figures = BOARD_FIGURES.get(self.target.name, BOARD_FIGURES["generic-arm64"])
+        self.figures = self.target.figures or BOARD_FIGURES["generic-arm64"]
         if speed < 0:
             raise TelemetryError(f"simulator speed must be >= 0, got {speed}")
         self.name = f"sim:{self.target.name}"

@@ -2,7 +2,7 @@
 
 Models are real ONNX files: the lead's digits CNN (``cuvil_edge.models.build_digits_cnn``) and a
 small 3-channel image classifier made here with ``onnx.helper`` for the image pre-processing path.
-Bundle directories follow CONTRACTS.md (manifest.json, model.onnx, sample/inputs.npz and
+Bundle directories follow docs/bundle-format.md (manifest.json, model.onnx, sample/inputs.npz and
 sample/expected.npz computed with ONNX Runtime).
 """
 
@@ -66,7 +66,7 @@ def make_image_classifier(path: Path, classes: int = 4, seed: int = 0) -> Path:
 def make_bundle(dest: Path, model: Path, name: str, version: str, *, sample: np.ndarray | None = None,
                 preprocess: dict[str, Any] | None = None, postprocess: dict[str, Any] | None = None,
                 max_batch: int = 8, expected_offset: float = 0.0, latency_p95_ms: float | None = None) -> Path:
-    """Write an extracted bundle directory by hand per CONTRACTS.md and return it.
+    """Write an extracted bundle directory by hand per docs/bundle-format.md and return it.
 
     ``expected_offset`` shifts sample/expected.npz: a non-zero value makes a bundle whose warm-up
     check fails (a "broken" version).

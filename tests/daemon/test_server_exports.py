@@ -14,7 +14,6 @@ MODULES = {
     "cuvil_edge.runtime.buffers": ["BufferPool", "PageLockedAllocator", "Placement", "host_allocator"],
     "cuvil_edge.daemon.batcher": ["Batcher", "Pending"],
     "cuvil_edge.daemon.config": ["ENV_PREFIX", "OPTIONS", "Config", "build_parser", "load"],
-    "cuvil_edge.daemon.demo": ["serve_and_measure", "start_daemon"],
     "cuvil_edge.daemon.http": ["HttpProtocol", "Request", "STATUS_LINES", "json_error"],
     "cuvil_edge.daemon.gpu_metrics": ["RAIL_PREFERENCE", "GpuMetrics", "gpu_rail", "gpu_uuid", "power_limit_w"],
     "cuvil_edge.daemon.grpc_server": ["DEFAULT_GRPC_PORT", "GrpcFrontend", "RpcFailure", "decode_grpc_infer",

@@ -65,7 +65,7 @@ def test_sd_notify_ready_after_warmup_watchdog_and_stopping(tmp_path, store, dae
 
 
 def test_serve_and_measure(tmp_path, digits_model, digits_data, bundle_maker):
-    from cuvil_edge.daemon.demo import serve_and_measure
+    from cuvil_edge.loadgen import serve_and_measure
 
     bundle = bundle_maker(tmp_path / "bundle", digits_model, "digits", "1.0.0", sample=digits_data[:4],
                           postprocess={"kind": "classification", "top_k": 5})

@@ -1,7 +1,7 @@
 """Memory co-scheduler: a budget on the board's shared RAM, admission, and a pressure ladder.
 
 On a Jetson the CPU and the integrated GPU share one LPDDR pool, and cgroup limits may not count
-GPU (nvmap) allocations, so ``MemoryMax`` in the unit is only a backstop (DESIGN.md). This module
+GPU (nvmap) allocations, so ``MemoryMax`` in the unit is only a backstop. This module
 keeps the daemon inside a budget itself:
 
 * **Budget** = board RAM − configured reserve − what *other* processes use, where "other" is the
@@ -182,7 +182,7 @@ def placement_policy(target: Any) -> PlacementPolicy:
 
     Integrated GPUs (every Jetson) share LPDDR with the CPU: mapped host memory avoids a copy and
     a second buffer. Discrete GPUs get pinned host memory with device buffers and async copies
-    (PEERS.md measured 55 GB/s pinned vs 6.7 GB/s pageable host-to-device on an H200). Without a
+    (measured with pycuda on an H200: 55 GB/s pinned vs 6.7 GB/s pageable host-to-device). Without a
     GPU plain pageable numpy arrays.
     """
     if not getattr(target, "has_gpu", False):

@@ -81,7 +81,7 @@ CUVIL_DECLARE_ISA(neon)
 CUVIL_DECLARE_ISA(sve)
 CUVIL_DECLARE_ISA(sve2)
 // Vector length in bytes, read by `rdvl` in a separate non-inlined function (sve_vl.c) so GCC
-// cannot fold svcntb() into a constant (PEERS.md).
+// cannot fold svcntb() into a constant (it does, and then the length of the build machine sticks).
 CUVIL_HIDDEN size_t cuvil_sve_cntb(void);
 #endif
 #endif

@@ -1,5 +1,5 @@
 // sve_vl.c: the SVE vector length, read by `rdvl` at run time. Kept out of line (and in asm) so
-// GCC cannot treat svcntb() as a compile-time constant (PEERS.md).
+// GCC cannot treat svcntb() as a compile-time constant (it caches it otherwise).
 #if !defined(__aarch64__) || !defined(__ARM_FEATURE_SVE)
 #error This file must be compiled for AArch64, FEAT_SVE.
 #endif

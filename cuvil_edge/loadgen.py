@@ -1,9 +1,13 @@
-"""Serve a bundle with the real daemon and measure it with tritonclient (``cuvil-edge demo``).
+"""A KServe v2 load generator: serve a bundle with the real daemon and measure it with tritonclient.
 
 :func:`serve_and_measure` starts ``cuvil-edged`` as a subprocess on an ephemeral loopback port
 with simulated telemetry of a board (``--telemetry sim:<board>``), waits until it reports ready,
 sends binary-tensor requests from ``concurrency`` client threads, reads the daemon's statistics
-and metrics, stops it with SIGTERM and returns the figures.
+and metrics, stops it with SIGTERM and returns the figures. ``cuvil-edge demo`` uses it.
+
+It is a client, not part of the daemon: it lives outside ``cuvil_edge.daemon`` so a board install
+does not need ``tritonclient``, which comes with the ``client`` extra
+(``pip install 'cuvil-edge[client]'``) and is imported only when a measurement starts.
 """
 
 from __future__ import annotations
@@ -23,9 +27,23 @@ from typing import Any
 
 import numpy as np
 
-from cuvil_edge.errors import DaemonError
+from cuvil_edge.errors import CuvilEdgeError, DaemonError
 
-__all__ = ["serve_and_measure", "start_daemon"]
+__all__ = ["ClientMissing", "serve_and_measure", "start_daemon"]
+
+CLIENT_EXTRA = "pip install 'cuvil-edge[client]'"
+
+
+class ClientMissing(CuvilEdgeError):
+    """``tritonclient`` is not installed here; the message names the extra that brings it."""
+
+
+def _import_httpclient() -> Any:
+    try:
+        import tritonclient.http as httpclient
+    except ImportError as exc:
+        raise ClientMissing(f"the load generator needs tritonclient ({exc}); install it with: {CLIENT_EXTRA}") from exc
+    return httpclient
 
 
 def _prepare_store(source: Path, tmp: Path) -> Path:
@@ -120,11 +138,11 @@ def serve_and_measure(bundle_dir_or_store: Path, board: str = "orin-nano-8gb", r
 
     Raises:
         DaemonError: the daemon did not start or serves no model.
+        ClientMissing: tritonclient is not installed (the ``client`` extra).
     """
-    import tritonclient.http as httpclient
-
     if requests < 1 or concurrency < 1:
         raise DaemonError(f"requests ({requests}) and concurrency ({concurrency}) must be at least 1")
+    httpclient = _import_httpclient()
     tmp = Path(tempfile.mkdtemp(prefix="cuvil-demo-"))
     proc = None
     try:
