@@ -152,6 +152,9 @@ def node_violation(node: onnx.NodeProto, facts: QdqFacts, tensorrt: str, sm: str
         if node.op_type == "DequantizeLinear" and qtype == TensorProto.INT32:
             return ("input is INT32 (a quantized bias): the parser takes only activation types here "
                     "(\"only activation types allowed as input to this layer\"); keep biases float")
+        if qtype == TensorProto.UINT8:
+            return ("quantized type UINT8: TensorRT quantizes to signed INT8 with zero-point 0 "
+                    "(quantize with int8 activations, ActivationSymmetric=True, WeightSymmetric=True)")
         if qtype in _FP8:
             return f"FP8 needs TensorRT 9+ on SM 8.9 or newer (this GPU is SM {sm or '?'})"
         return f"quantized type {name} is not supported (INT8{', FP8' if major >= 9 else ''}{', INT4 weights' if major >= 10 else ''} only)"

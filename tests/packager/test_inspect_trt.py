@@ -140,7 +140,9 @@ class TestQuantizedModels:
             def get_next(self):
                 return next(self.items, None)
 
-        extra = {"ActivationSymmetric": True, "WeightSymmetric": True} if symmetric else {}
+        # The TensorRT form keeps biases float; ONNX Runtime's default (int32 biases behind a
+        # DequantizeLinear) is what TensorRT's parser refuses.
+        extra = {"ActivationSymmetric": True, "WeightSymmetric": True, "QuantizeBias": False} if symmetric else {}
         quantize_static(str(src), str(dst), Reader(), quant_format=QuantFormat.QDQ,
                         activation_type=QuantType.QInt8 if symmetric else QuantType.QUInt8,
                         weight_type=QuantType.QInt8, extra_options=extra)
@@ -151,7 +153,25 @@ class TestQuantizedModels:
         report = inspect_model(model, get_target("orin-nano-8gb"))
         bad = [n for n in report.unsupported if n.op_type in ("QuantizeLinear", "DequantizeLinear")]
         assert bad, "asymmetric activations must be flagged"
-        assert all("ActivationSymmetric" in why for n in bad for why in n.reasons.values())
+        for n in bad:
+            for why in n.reasons.values():
+                # Activations: the zero-point rule; ONNX Runtime's default int32 biases: the dtype rule.
+                assert "ActivationSymmetric" in why or "keep biases float" in why, why
+        assert any("ActivationSymmetric" in why for n in bad for why in n.reasons.values())
+
+    def test_default_int32_biases_are_rejected(self, digits, tmp_path):
+        """ONNX Runtime's symmetric Q/DQ with its default int32 biases: every bias DQ is flagged."""
+        from onnxruntime.quantization import QuantFormat, QuantType, quantize_static
+
+        rng = np.random.default_rng(0)
+        feeds = iter([{"input": rng.random((1, 1, 8, 8), dtype=np.float32)} for _ in range(8)])
+        reader = type("R", (), {"get_next": lambda self: next(feeds, None)})()
+        dst = tmp_path / "int32bias.onnx"
+        quantize_static(str(digits), str(dst), reader, quant_format=QuantFormat.QDQ, activation_type=QuantType.QInt8,
+                        weight_type=QuantType.QInt8, extra_options={"ActivationSymmetric": True, "WeightSymmetric": True})
+        report = inspect_model(onnx.load(str(dst)), get_target("orin-nano-8gb"))
+        flagged = {n.name for n in report.unsupported}
+        assert flagged and all(name.endswith(".bias_DequantizeLinear") for name in flagged), flagged
 
     def test_symmetric_qdq_parses(self, digits, tmp_path):
         model = self._quantize(digits, tmp_path / "sym.onnx", symmetric=True)
