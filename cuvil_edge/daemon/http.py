@@ -83,7 +83,7 @@ class Request:
                  "cancelled", "state", "reserved", "_conn", "_done")
 
     def __init__(self, conn: HttpProtocol, method: bytes, url: bytes, headers: dict[bytes, bytes],
-                 body: bytes, keep_alive: bool) -> None:
+                 body: bytes | bytearray, keep_alive: bool) -> None:
         self._conn = conn
         self.method = method
         path, _, query = url.partition(b"?")
@@ -148,6 +148,7 @@ class HttpProtocol(asyncio.Protocol):
         self._header_bytes = 0
         self._header_overflow = False
         self._body: list[bytes] = []
+        self._buf: bytearray | None = None  # the declared Content-Length, filled in place
         self._body_size = 0
         self._reserved = 0  # bytes of the message being received, counted in server.buffered
         self._upgrade = False
@@ -226,6 +227,7 @@ class HttpProtocol(asyncio.Protocol):
         self._headers = {}
         self._header_bytes = 0
         self._body = []
+        self._buf = None
         self._body_size = 0
         self._upgrade = False
         self.message_started = time.monotonic()
@@ -270,8 +272,12 @@ class HttpProtocol(asyncio.Protocol):
             if n > self.limits.max_body:
                 self._reject_too_large(n)
                 return
-        if n > 0 and not self._reserve(n):
-            return
+        if n > 0:
+            if not self._reserve(n):
+                return
+            # One buffer of the declared size, filled in place: a list of chunks joined at the end
+            # would hold the body twice at the peak.
+            self._buf = bytearray(n)
         if headers.get(b"expect", b"").lower() == b"100-continue" and self.transport is not None:
             # curl sends this for bodies over 1 KiB and waits a second for the go-ahead; only now,
             # with auth and limits passed, is the client told to send its body.
@@ -284,6 +290,10 @@ class HttpProtocol(asyncio.Protocol):
         if self._body_size > self.limits.max_body:
             self._reject_too_large(self._body_size)
             return
+        buf = self._buf
+        if buf is not None and self._body_size <= len(buf):
+            buf[self._body_size - len(body):self._body_size] = body
+            return
         if self._body_size > self._reserved and not self._reserve(self._body_size - self._reserved):
             return  # chunked (or longer than declared): counted as it arrives
         self._body.append(body)
@@ -292,7 +302,11 @@ class HttpProtocol(asyncio.Protocol):
         self.message_started = None
         if self._rejected or self.closed:
             return
-        body = self._body[0] if len(self._body) == 1 else b"".join(self._body)
+        if self._buf is not None:
+            body: bytes | bytearray = self._buf
+            self._buf = None
+        else:
+            body = self._body[0] if len(self._body) == 1 else b"".join(self._body)
         self._body = []
         req = Request(self, self.parser.get_method(), self._url, self._headers, body,
                       self.parser.should_keep_alive() and not self._upgrade)
@@ -396,6 +410,7 @@ class HttpProtocol(asyncio.Protocol):
 
     def _drop_partial(self) -> None:
         self._body = []
+        self._buf = None
         if self._reserved:
             self.server.release(self._reserved)
             self._reserved = 0
