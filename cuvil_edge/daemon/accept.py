@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import json
 import logging
 import os
 import resource
@@ -28,16 +29,24 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["Acceptor", "BUSY_ANSWER", "connection_cap", "listen_tcp", "listen_unix"]
+__all__ = ["Acceptor", "BUSY_ANSWER", "FULL_ANSWER", "connection_cap", "listen_tcp", "listen_unix"]
 
 log = logging.getLogger("cuvil_edge.daemon.accept")
 
-_BODY = b'{"error": "the daemon is out of file descriptors; retry later"}'
-BUSY_ANSWER = (b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\ncontent-length: "
-               + str(len(_BODY)).encode() + b"\r\nretry-after: 1\r\nconnection: close\r\n\r\n" + _BODY)
+
+
+def _answer_503(message: str) -> bytes:
+    body = json.dumps({"error": message}).encode()
+    return (b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\ncontent-length: "
+            + str(len(body)).encode() + b"\r\nretry-after: 1\r\nconnection: close\r\n\r\n" + body)
+
+
+BUSY_ANSWER = _answer_503("the daemon is out of file descriptors; retry later")
+FULL_ANSWER = _answer_503("too many connections (--max-connections); retry later")
 _EXHAUSTED = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
 _BATCH = 64  # connections accepted per readiness event before other callbacks run
 _SPARE_FDS = 16  # descriptors kept free for the daemon's own files beyond those open at start
+_LINGER_S = 0.5  # longest a refused client keeps its descriptor
 
 
 def connection_cap(configured: int) -> int:
@@ -99,14 +108,19 @@ class Acceptor:
         factory (Callable[[], asyncio.Protocol]): makes the protocol of a connection.
         retry_s (float): pause after running out of descriptors. Defaults to 0.25.
         log_interval_s (float): at most one log line per this many seconds about it. Defaults to 10.
+        admit (Callable[[int], bool] | None): asked for each new client with the number of
+            connections accepted but not started yet; False answers the client 503 at once and
+            closes it, so a refused client holds no descriptor. Defaults to admitting all.
     """
 
     def __init__(self, loop: asyncio.AbstractEventLoop, sock: socket.socket,
                  factory: Callable[[], asyncio.Protocol], retry_s: float = 0.25,
-                 log_interval_s: float = 10.0) -> None:
+                 log_interval_s: float = 10.0, admit: Callable[[int], bool] | None = None) -> None:
         self.loop = loop
         self.sock = sock
         self.factory = factory
+        self.admit = admit
+        self.full_answers = 0  # clients answered 503 over the connection cap
         self.retry_s = retry_s
         self.log_interval_s = log_interval_s
         self.exhausted_total = 0  # times accept failed for lack of descriptors
@@ -165,6 +179,10 @@ class Acceptor:
                 else:
                     log.warning("accepting a connection failed: %s", exc)
                 return
+            if self.admit is not None and not self.admit(len(self._tasks)):
+                self._answer_busy(conn, FULL_ANSWER, _LINGER_S)
+                self.full_answers += 1
+                continue
             self._start(conn)
 
     def _start(self, conn: socket.socket) -> None:
@@ -195,8 +213,11 @@ class Acceptor:
             except OSError:
                 conn = None
             if conn is not None:
-                self._answer_busy(conn)
-            self._spare = self._open_spare()
+                # The spare comes back once this client is done (or the linger ends).
+                self._answer_busy(conn, BUSY_ANSWER, self.retry_s, self._reopen_spare)
+                self.busy_answers += 1
+            else:
+                self._reopen_spare()
         now = time.monotonic()
         if now - self._last_log >= self.log_interval_s:
             log.warning("out of file descriptors (%s): pausing accept for %.2f s at a time and answering "
@@ -209,23 +230,54 @@ class Acceptor:
             self._unlogged += 1
         self._retry = self.loop.call_later(self.retry_s, self._resume)
 
-    def _answer_busy(self, conn: socket.socket) -> None:
-        """Read what the client sent (so closing does not reset it), answer 503, close."""
+    def _reopen_spare(self) -> None:
+        if self._spare is None and not self._closed:
+            self._spare = self._open_spare()
+
+    def _answer_busy(self, conn: socket.socket, answer: bytes, linger_s: float,
+                     then: Callable[[], None] | None = None) -> None:
+        """Answer 503, shut the write side, read and drop what the client sends, then close.
+
+        Closing while the client's request is still arriving would reset the connection, and a
+        reset can destroy the answer before the client reads it; so the socket stays open until
+        the client hangs up or ``linger_s`` passes, whichever is first.
+        """
+        fd = conn.fileno()
+        done = False
+
+        def finish() -> None:
+            nonlocal done
+            if done:
+                return
+            done = True
+            with contextlib.suppress(Exception):
+                self.loop.remove_reader(fd)
+            conn.close()
+            if then is not None:
+                then()
+
+        def drain() -> None:
+            try:
+                while True:
+                    if not conn.recv(65536):
+                        finish()  # the client hung up: nothing can reset it now
+                        return
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:
+                finish()
+
         try:
             conn.setblocking(False)
-            for _ in range(4):
-                try:
-                    if not conn.recv(65536):
-                        break
-                except (BlockingIOError, InterruptedError):
-                    break
-            conn.send(BUSY_ANSWER)
+            conn.send(answer)
             conn.shutdown(socket.SHUT_WR)
-            self.busy_answers += 1
+            self.loop.add_reader(fd, drain)
         except OSError:
-            pass
-        finally:
-            conn.close()
+            finish()
+            return
+        drain()
+        if not done:
+            self.loop.call_later(linger_s, finish)
 
     def _resume(self) -> None:
         self._retry = None

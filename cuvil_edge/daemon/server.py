@@ -298,8 +298,14 @@ class Server:
             for sock in socks:
                 host, port = sock.getsockname()[:2]
                 self.bound.append(f"http://{host}:{port}")
+        def admit(pending: int) -> bool:
+            if len(state.connections) + pending < state.max_connections:
+                return True
+            state.on_refused("connections")
+            return False
+
         for sock in socks:
-            acceptor = Acceptor(loop, sock, factory)
+            acceptor = Acceptor(loop, sock, factory, admit=admit)
             acceptor.start()
             self._servers.append(acceptor)
         cap = connection_cap(self.state.limits.max_connections)
