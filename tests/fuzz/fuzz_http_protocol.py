@@ -1,0 +1,109 @@
+"""Fuzz target: the daemon's HTTP/1.1 connection (httptools parser, limits, framing, pipelining).
+
+Bytes arrive in fuzzer-chosen chunks on one ``HttpProtocol`` over a recording transport (a
+stand-in for asyncio's socket transport: it keeps what is written and the pause/close calls).
+The application answers each request at once (200 with a small body). Promise: no exception
+escapes the protocol; every answer written is a whole HTTP/1.1 response; nothing is written after
+the connection is closed; the buffered-bytes count returns to zero once the connection is lost.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import atheris
+from _harness import main  # the repository first on sys.path
+
+with atheris.instrument_imports(include=["cuvil_edge"]):
+    from cuvil_edge.daemon.http import HttpProtocol
+    from cuvil_edge.daemon.limits import Limits
+    from cuvil_edge.daemon.server import ServerState
+
+
+LIMITS = Limits(max_body=4096, max_buffered=8192, max_header=2048, max_pipeline=4, max_connections=8,
+                write_high_water=1024)
+
+
+class RecordingTransport:
+    """Stand-in for an asyncio socket transport: records writes, pauses and closes."""
+
+    def __init__(self) -> None:
+        self.out = bytearray()
+        self.closed = False
+        self.eof = False
+        self.paused = False
+        self.protocol: HttpProtocol | None = None
+
+    def write(self, data: bytes) -> None:
+        assert not self.closed and not self.eof, "write after close"
+        self.out += data
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            if self.protocol is not None:
+                self.protocol.connection_lost(None)
+
+    abort = close
+
+    def write_eof(self) -> None:
+        self.eof = True
+
+    def can_write_eof(self) -> bool:
+        return True
+
+    def pause_reading(self) -> None:
+        self.paused = True
+
+    def resume_reading(self) -> None:
+        self.paused = False
+
+    def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
+        pass
+
+    def get_extra_info(self, name: str, default: object = None) -> object:
+        return default
+
+
+def _answer(req) -> None:  # type: ignore[no-untyped-def]
+    if req.path.endswith("/later"):
+        return  # answered never: the pipeline must stay bounded
+    req.respond(200, b'{"ok": true}')
+
+
+def test_one_input(data: bytes) -> None:
+    fdp = atheris.FuzzedDataProvider(data)
+    state = ServerState(LIMITS, "tok" if fdp.ConsumeBool() else None)
+    proto = HttpProtocol(_answer, state)
+    transport = RecordingTransport()
+    transport.protocol = proto
+    proto.connection_made(transport)  # type: ignore[arg-type]
+    while fdp.remaining_bytes() and not transport.closed:
+        chunk = fdp.ConsumeBytes(fdp.ConsumeIntInRange(1, 512))
+        if fdp.ConsumeIntInRange(0, 15) == 0:
+            proto.pause_writing()
+            proto.resume_writing()
+        proto.data_received(chunk)
+        assert len(proto.pipeline) <= LIMITS.max_pipeline + 1
+        assert 0 <= state.buffered <= LIMITS.max_buffered
+    out = bytes(transport.out)
+    if out:
+        assert out.startswith(b"HTTP/1.1 "), out[:40]
+    transport.close()
+    assert state.buffered == 0, state.buffered
+
+
+def seeds() -> list[bytes]:
+    return [
+        b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n\r\n\x00",
+        b"POST /v2/models/m/infer HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nAuthorization: Bearer tok\r\n\r\nhello\x01",
+        b"POST /x HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\nHEAD /v2 HTTP/1.1\r\n\r\n\x00",
+        b"GET / HTTP/1.1\r\nConnection: Upgrade\r\nUpgrade: h2c\r\n\r\nPRI * HTTP/2.0\r\n\x00",
+        b"CONNECT a:443 HTTP/1.1\r\nHost: a\r\n\r\n\x00",
+        b"GET /later HTTP/1.1\r\n\r\n" * 6 + b"\x00",
+    ]
+
+
+if __name__ == "__main__":
+    main(test_one_input, seeds)
+    sys.exit(0)
