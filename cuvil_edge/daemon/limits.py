@@ -94,9 +94,10 @@ def json_depth(data: bytes | bytearray | memoryview) -> int:
     if not raw:
         return 0
     steps = _OPEN[np.frombuffer(raw, np.uint8)]
-    if not steps.any():
+    brackets = steps[steps != 0].astype(np.int32)  # only brackets move the depth
+    if not brackets.size:
         return 0
-    return int(np.cumsum(steps, dtype=np.int64).max())
+    return max(0, int(brackets.cumsum().max()))
 
 
 def _no_constant(name: str) -> Any:
