@@ -355,8 +355,8 @@ class HttpProtocol(asyncio.Protocol):
         transport = self.transport
         self.server.on_request_done(req, status)
         self._release(req)
-        if transport is None or self.closed:
-            return
+        if transport is None or self.closed or self._rejected:
+            return  # gone, or refused meanwhile (its write side is shut): the answer has nowhere to go
         if isinstance(body, list):
             size = sum(len(b) for b in body)
         else:
