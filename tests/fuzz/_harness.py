@@ -30,13 +30,14 @@ def main(test_one_input: Callable[[bytes], None], seeds: Callable[[], Iterable[b
          argv: list[str] | None = None) -> None:
     """Write the seeds into empty corpus directories, then hand over to libFuzzer."""
     argv = list(sys.argv if argv is None else argv)
-    corpora = [Path(a) for a in argv[1:] if not a.startswith("-")]
+    inputs = [Path(a) for a in argv[1:] if not a.startswith("-")]
+    corpora = [p for p in inputs if not p.is_file()]  # a file is an input to replay (a crash)
     for corpus in corpora:
         corpus.mkdir(parents=True, exist_ok=True)
         if not any(corpus.iterdir()):
             for i, seed in enumerate(seeds()):
                 (corpus / f"seed-{i:03d}").write_bytes(seed)
-    if not corpora:  # no corpus: still start from the seeds (libFuzzer reads -seed_inputs)
+    if not inputs:  # no corpus: still start from the seeds (libFuzzer reads -seed_inputs)
         tmp = Path(os.environ.get("TMPDIR", "/tmp")) / f"cuvil-fuzz-seeds-{os.getpid()}"
         tmp.mkdir(exist_ok=True)
         names = []

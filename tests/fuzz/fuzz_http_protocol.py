@@ -92,7 +92,9 @@ def test_one_input(data: bytes) -> None:
         proto.data_received(chunk)
         while _DEFERRED:  # answers that arrive after the connection was refused or closed go nowhere
             _DEFERRED.pop().respond(200, b"{}")
-        assert len(proto.pipeline) <= LIMITS.max_pipeline + 1
+        # Reading pauses at max_pipeline; requests already in the chunk being parsed still queue
+        # (httptools cannot stop mid-buffer), so the bound is the limit plus one chunk's worth.
+        assert len(proto.pipeline) <= LIMITS.max_pipeline + len(chunk) // 16 + 1
         assert 0 <= state.buffered <= LIMITS.max_buffered
     out = bytes(transport.out)
     if out:
