@@ -126,3 +126,14 @@ def test_int8_calibration_sample_counts(tmp_path, keypair, samples):
     recipe.target = "x86-host"
     recipe.calibration_samples = samples
     package(recipe, tmp_path / "o.cvb", keypair[0], enforce_goal=False)
+
+
+def test_recipe_path_that_cannot_be_expanded_is_a_recipe_error(tmp_path):
+    """Found by tests/fuzz/fuzz_recipe.py: '~nobody/...' raised RuntimeError out of pathlib."""
+    from cuvil_edge.errors import RecipeError
+    from cuvil_edge.recipes import recipe_from_dict
+
+    for source in ("~no_such_user_zz/model.onnx", "models/a\x00b.onnx"):
+        doc = {"name": "x", "model": {"source": source}, "target": {"board": "x86-host"}}
+        with pytest.raises(RecipeError, match=r"r\.toml \[model\]: cannot use the path"):
+            recipe_from_dict(doc, "r.toml", base=tmp_path)
