@@ -47,6 +47,7 @@ _EXHAUSTED = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
 _BATCH = 64  # connections accepted per readiness event before other callbacks run
 _SPARE_FDS = 16  # descriptors kept free for the daemon's own files beyond those open at start
 _LINGER_S = 0.5  # longest a refused client keeps its descriptor
+_MAX_LINGERING = 8  # refused clients lingering at once; beyond, closed as soon as answered
 
 
 def connection_cap(configured: int) -> int:
@@ -133,6 +134,7 @@ class Acceptor:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._last_log = -1e9
         self._unlogged = 0
+        self._lingering = 0
 
     @staticmethod
     def _open_spare() -> int | None:
@@ -180,7 +182,9 @@ class Acceptor:
                     log.warning("accepting a connection failed: %s", exc)
                 return
             if self.admit is not None and not self.admit(len(self._tasks)):
-                self._answer_busy(conn, FULL_ANSWER, _LINGER_S)
+                # A burst of refused clients must not take the descriptors the cap keeps free:
+                # only a few linger, the rest are closed as soon as they are answered.
+                self._answer_busy(conn, FULL_ANSWER, _LINGER_S if self._lingering < _MAX_LINGERING else 0.0)
                 self.full_answers += 1
                 continue
             self._start(conn)
@@ -250,6 +254,7 @@ class Acceptor:
             if done:
                 return
             done = True
+            self._lingering -= 1
             with contextlib.suppress(Exception):
                 self.loop.remove_reader(fd)
             conn.close()
@@ -267,6 +272,7 @@ class Acceptor:
             except OSError:
                 finish()
 
+        self._lingering += 1
         try:
             conn.setblocking(False)
             conn.send(answer)
@@ -277,7 +283,10 @@ class Acceptor:
             return
         drain()
         if not done:
-            self.loop.call_later(linger_s, finish)
+            if linger_s > 0:
+                self.loop.call_later(linger_s, finish)
+            else:
+                finish()
 
     def _resume(self) -> None:
         self._retry = None

@@ -221,6 +221,7 @@ class Server:
                        max_body=cfg.max_body_bytes, shm=self.shm, limits=self.state.limits)
         await self._listen(loop)
         await self._listen_grpc()
+        self._cap_connections()  # with both front ends' descriptors open
         self.revert_expired_switches()  # before loading: a reboot mid-deploy ends on the gated version
         self.resources.notify("STATUS=loading models")
         names = cfg.models or self.store.names()
@@ -272,6 +273,13 @@ class Server:
         sched.begin_use("http:request-buffers")
         self.state.limits = replace(limits, max_buffered=want)
 
+    def _cap_connections(self) -> None:
+        cap = connection_cap(self.state.limits.max_connections)
+        if cap < self.state.limits.max_connections:
+            log.warning("--max-connections %d lowered to %d to stay below the open-file limit (LimitNOFILE)",
+                        self.state.limits.max_connections, cap)
+        self.state.max_connections = cap
+
     async def _listen(self, loop: asyncio.AbstractEventLoop) -> None:
         cfg = self.config
         app, state = self.app, self.state
@@ -308,11 +316,6 @@ class Server:
             acceptor = Acceptor(loop, sock, factory, admit=admit)
             acceptor.start()
             self._servers.append(acceptor)
-        cap = connection_cap(self.state.limits.max_connections)
-        if cap < self.state.limits.max_connections:
-            log.warning("--max-connections %d lowered to %d to stay below the open-file limit (LimitNOFILE)",
-                        self.state.limits.max_connections, cap)
-        self.state.max_connections = cap
 
     def _start_gpu_metrics(self) -> None:
         """Feed every telemetry sample to Triton's GPU metrics (energy integrates all of them)."""
