@@ -78,15 +78,21 @@ def _answer(req) -> None:  # type: ignore[no-untyped-def]
 
 
 def test_one_input(data: bytes) -> None:
-    fdp = atheris.FuzzedDataProvider(data)
-    state = ServerState(LIMITS, "tok" if fdp.ConsumeBool() else None)
+    # Byte 0: bit 0 asks for a token, the rest seeds the chunk sizes; the remaining bytes arrive
+    # in those chunks, so real requests stay intact in the seeds.
+    if not data:
+        return
+    state = ServerState(LIMITS, "tok" if data[0] & 1 else None)
     proto = HttpProtocol(_answer, state)
     transport = RecordingTransport()
     transport.protocol = proto
     proto.connection_made(transport)  # type: ignore[arg-type]
-    while fdp.remaining_bytes() and not transport.closed:
-        chunk = fdp.ConsumeBytes(fdp.ConsumeIntInRange(1, 512))
-        if fdp.ConsumeIntInRange(0, 15) == 0:
+    stream, pos, step = data[1:], 0, data[0] >> 1
+    while pos < len(stream) and not transport.closed:
+        size = 1 + (step * 37 + pos) % 97 if step else len(stream)
+        chunk = stream[pos:pos + size]
+        pos += size
+        if (pos + step) % 13 == 0:
             proto.pause_writing()
             proto.resume_writing()
         proto.data_received(chunk)
@@ -105,15 +111,17 @@ def test_one_input(data: bytes) -> None:
 
 
 def seeds() -> list[bytes]:
-    return [
-        b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n\r\n\x00",
-        b"POST /v2/models/m/infer HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nAuthorization: Bearer tok\r\n\r\nhello\x01",
-        b"POST /x HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\nHEAD /v2 HTTP/1.1\r\n\r\n\x00",
-        b"GET / HTTP/1.1\r\nConnection: Upgrade\r\nUpgrade: h2c\r\n\r\nPRI * HTTP/2.0\r\n\x00",
-        b"CONNECT a:443 HTTP/1.1\r\nHost: a\r\n\r\n\x00",
-        b"GET /later HTTP/1.1\r\n\r\n" * 6 + b"\x00",
-        b"POST /async HTTP/1.1\r\nContent-Length: 2\r\n\r\nhi\x00GET /async HTTP/1.1\r\n\r\n\x01",
+    reqs = [
+        b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n\r\n",
+        b"POST /v2/models/m/infer HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nAuthorization: Bearer tok\r\n\r\nhello",
+        b"POST /x HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\nHEAD /v2 HTTP/1.1\r\n\r\n",
+        b"GET / HTTP/1.1\r\nConnection: Upgrade\r\nUpgrade: h2c\r\n\r\nPRI * HTTP/2.0\r\n",
+        b"CONNECT a:443 HTTP/1.1\r\nHost: a\r\n\r\n",
+        b"GET /later HTTP/1.1\r\n\r\n" * 6,
+        b"POST /async HTTP/1.1\r\nContent-Length: 2\r\n\r\nhiGET /async HTTP/1.1\r\n\r\n",
+        b"POST /v2/models/m/infer HTTP/1.1\r\nContent-Length: 9000\r\nExpect: 100-continue\r\n\r\n" + b"x" * 100,
     ]
+    return [bytes([flags]) + r for r in reqs for flags in (0, 1, 6, 7)]
 
 
 if __name__ == "__main__":
