@@ -270,8 +270,8 @@ def _decode_infer(req_body: bytes, header_len: bytes | None, inst: ModelInstance
         outputs = []
         for o in outs_doc:
             oname = o.get("name") if isinstance(o, dict) else None
-            if oname not in inst.output_specs:
-                raise BadRequest(f"unexpected inference output '{oname}' for model '{inst.name}'; it has "
+            if not isinstance(oname, str) or oname not in inst.output_specs:
+                raise BadRequest(f"unexpected inference output '{str(oname)[:100]}' for model '{inst.name}'; it has "
                                  f"{sorted(inst.output_specs)}")
             op = o.get("parameters") or {}
             if not isinstance(op, dict):

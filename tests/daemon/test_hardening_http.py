@@ -275,6 +275,9 @@ class TestJsonBeforeParsing:
                "outputs": [{"name": "logits", "parameters": [1, 2]}]}
         status, text, _ = _request(daemon, "POST", "/v2/models/digits/infer", json.dumps(doc).encode())
         assert status == 400 and b"'parameters' must be an object" in text
+        doc["outputs"] = [{"name": {"a": 1}}]  # found by tests/fuzz/fuzz_kserve_request.py: was a 500
+        status, text, _ = _request(daemon, "POST", "/v2/models/digits/infer", json.dumps(doc).encode())
+        assert status == 400 and b"unexpected inference output" in text
         assert "Traceback" not in daemon.log
 
     def test_nan_in_input_is_400_and_nothing_non_json_comes_out(self, daemon):
