@@ -42,17 +42,28 @@ def _recipe_path() -> Path:
 
 
 def _install(bundle: Path, store: Path, public_key: Path) -> Path:
-    """Extract into ``store/bundles/<name>/<version>`` and point ``current`` at it (atomic rename)."""
+    """Extract into ``store/bundles/<name>/<version>`` and point ``current`` at it (atomic rename).
+
+    The signature and the names are verified (reading the bundle's head) before anything in the
+    store is touched; a version already there is replaced only once the new copy has verified.
+    """
     import os
 
     from cuvil_edge.bundle import extract_bundle, read_manifest
 
-    manifest = read_manifest(bundle)
+    manifest = read_manifest(bundle, public_key)
     base = store / "bundles" / manifest.name
     dest = base / manifest.version
+    staged = base / f".{manifest.version}.new"
+    old = base / f".{manifest.version}.old"
+    for leftover in (staged, old):
+        if leftover.exists():
+            shutil.rmtree(leftover)
+    extract_bundle(bundle, staged, public_key)
     if dest.exists():
-        shutil.rmtree(dest)
-    extract_bundle(bundle, dest, public_key)
+        os.rename(dest, old)
+    os.rename(staged, dest)
+    shutil.rmtree(old, ignore_errors=True)
     link = base / "current.new"
     if link.is_symlink():
         link.unlink()

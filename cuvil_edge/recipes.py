@@ -182,11 +182,14 @@ def _check_postprocess(post: dict[str, Any], where: str) -> dict[str, Any]:
     return {"kind": "none"}
 
 
-def _resolve(value: str, base: Path | None) -> str:
+def _resolve(value: str, base: Path | None, where: str = "recipe") -> str:
     if not value or value.startswith("builtin:") or base is None:
         return value
-    path = Path(value).expanduser()
-    return str(path if path.is_absolute() else (base / path).resolve())
+    try:
+        path = Path(value).expanduser()
+        return str(path if path.is_absolute() else (base / path).resolve())
+    except (RuntimeError, ValueError, OSError) as exc:  # "~nobody/x", a NUL byte, a loop of links
+        raise RecipeError(f"{where}: cannot use the path {value[:200]!r}: {exc}") from None
 
 
 def recipe_from_dict(data: dict[str, Any], where: str = "recipe", base: Path | None = None) -> Recipe:
@@ -231,18 +234,20 @@ def recipe_from_dict(data: dict[str, Any], where: str = "recipe", base: Path | N
     return Recipe(
         name=_get(data, "name", str, where),
         version=str(_get(data, "version", (str, int, float), where, "1.0.0")),
-        model=_resolve(_get(model, "source", str, f"{where} [model]"), base),
+        model=_resolve(_get(model, "source", str, f"{where} [model]"), base, f"{where} [model]"),
         target=board,
         precision=precision,
         max_batch=max_batch,
         input_name=_table(data, "input", where).get("name"),
         preprocess=_check_preprocess(_table(data, "preprocess", where), where),
         postprocess=_check_postprocess(_table(data, "postprocess", where), where),
-        calibration_data=_resolve(_get(calib, "data", str, f"{where} [calibration]", ""), base),
+        calibration_data=_resolve(_get(calib, "data", str, f"{where} [calibration]", ""), base,
+                                  f"{where} [calibration]"),
         calibration_samples=samples["calibration"],
         calibration_method=method,
         bias_correction=_get(calib, "bias_correction", bool, f"{where} [calibration]", True),
-        evaluation_data=_resolve(_get(evaluation, "data", str, f"{where} [evaluation]", ""), base),
+        evaluation_data=_resolve(_get(evaluation, "data", str, f"{where} [evaluation]", ""), base,
+                                 f"{where} [evaluation]"),
         evaluation_samples=samples["evaluation"],
         sensitivity_samples=_get(evaluation, "sensitivity_samples", int, f"{where} [evaluation]", 96),
         accuracy=goal,

@@ -224,10 +224,13 @@ def _head(tar: tarfile.TarFile, bundle: Path, public_key: PublicKey | None) -> t
     return manifest, manifest_bytes, sig_bytes
 
 
-def read_manifest(bundle: Path) -> Manifest:
-    """The manifest of a bundle file, without verifying anything else."""
+def read_manifest(bundle: Path, public_key: Path | PublicKey | None = None) -> Manifest:
+    """The manifest of a bundle file (its name and version checked), reading only the head.
+
+    With ``public_key`` the manifest's signature is verified too; the payload is not read.
+    """
     with _open_stream(Path(bundle)) as tar:
-        return _head(tar, Path(bundle), None)[0]
+        return _head(tar, Path(bundle), _resolve_public_key(public_key))[0]
 
 
 def _copy_verified(src: IO[bytes], dst: IO[bytes] | None, expected_size: int) -> str:

@@ -7,6 +7,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from cuvil_edge.bundle.names import check_component
 from cuvil_edge.errors import BundleError
 
 __all__ = ["FORMAT", "FileEntry", "Manifest"]
@@ -72,18 +73,38 @@ class Manifest:
         files = []
         for i, entry in enumerate(need("files", list)):
             try:
-                files.append(FileEntry(str(entry["path"]), str(entry["sha256"]), int(entry["size"])))
+                path, digest, size = entry["path"], entry["sha256"], entry["size"]
+                if not (isinstance(path, str) and isinstance(digest, str) and isinstance(size, int)
+                        and not isinstance(size, bool) and size >= 0):
+                    raise TypeError
+                files.append(FileEntry(path, digest, size))
             except (KeyError, TypeError, ValueError):
-                raise BundleError(f"{where}: files[{i}] needs path, sha256 and size") from None
+                raise BundleError(f"{where}: files[{i}] needs path (string), sha256 (string) and size "
+                                  "(integer >= 0)") from None
         paths = [f.path for f in files]
         if len(set(paths)) != len(paths):
             raise BundleError(f"{where}: field 'files' lists a path twice")
         model = need("model", str)
         if model not in paths:
             raise BundleError(f"{where}: model '{model}' is not listed in 'files'")
+        name = check_component("name", need("name", str))
+        version = check_component("version", need("version", str))
+
+        def optional(key: str, kind: type, default: Any) -> Any:
+            value = data.get(key)
+            if value is None or value == default:
+                return default
+            if not isinstance(value, kind) or isinstance(value, bool):
+                raise BundleError(f"{where}: field '{key}' must be {'an object' if kind is dict else 'a ' + kind.__name__}"
+                                  f", got {type(value).__name__}")
+            return value
+
+        max_batch = optional("max_batch", int, 1)
+        if max_batch < 0:
+            raise BundleError(f"{where}: field 'max_batch' must be >= 0, got {max_batch}")
         return cls(
-            name=need("name", str),
-            version=need("version", str),
+            name=name,
+            version=version,
             target=need("target", dict),
             precision=precision,
             format_kind=format_kind,
@@ -91,14 +112,14 @@ class Manifest:
             inputs=need("inputs", list),
             outputs=need("outputs", list),
             files=files,
-            max_batch=int(data.get("max_batch", 1)),
-            preprocess=dict(data.get("preprocess") or {"kind": "none"}),
-            postprocess=dict(data.get("postprocess") or {"kind": "none"}),
-            validation=dict(data.get("validation") or {}),
-            latency_target_ms=dict(data.get("latency_target_ms") or {}),
-            engines=list(data.get("engines") or []),
-            build_plans=list(data.get("build_plans") or []),
-            plugins=dict(data.get("plugins") or {}),
+            max_batch=max_batch,
+            preprocess=dict(optional("preprocess", dict, {}) or {"kind": "none"}),
+            postprocess=dict(optional("postprocess", dict, {}) or {"kind": "none"}),
+            validation=dict(optional("validation", dict, {})),
+            latency_target_ms=dict(optional("latency_target_ms", dict, {})),
+            engines=list(optional("engines", list, [])),
+            build_plans=list(optional("build_plans", list, [])),
+            plugins=dict(optional("plugins", dict, {})),
             raw=data,
         )
 
@@ -108,6 +129,8 @@ class Manifest:
             parsed = json.loads(data.decode("utf-8"))
         except (UnicodeDecodeError, json.JSONDecodeError) as exc:
             raise BundleError(f"{where}: manifest is not valid JSON ({exc})") from None
+        except RecursionError:
+            raise BundleError(f"{where}: manifest nests too deeply to be a manifest") from None
         return cls.from_dict(parsed, where)
 
     @classmethod

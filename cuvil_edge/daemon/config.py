@@ -16,6 +16,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from cuvil_edge.daemon.limits import Limits
 from cuvil_edge.errors import DaemonError
 
 __all__ = ["ENV_PREFIX", "OPTIONS", "Config", "build_parser", "load"]
@@ -78,8 +79,15 @@ class Config:
     strict: bool = False
     memory_reserve_mb: int | None = None
     drain_timeout: float = 30.0
-    keep_alive: float = 75.0
+    keep_alive: float = 30.0
     request_timeout: float = 60.0
+    max_connections: int = 512
+    max_buffered_mb: float = 256.0
+    max_json_mb: float = 16.0
+    max_json_depth: int = 32
+    max_pipeline: int = 8
+    write_buffer_kb: int = 256
+    max_header_kb: int = 64
     tick: float = 0.5
     log_level: str = "info"
     access_log: bool = False
@@ -88,6 +96,21 @@ class Config:
     def max_body_bytes(self) -> int:
         """The request body limit in bytes."""
         return int(self.max_body_mb * 1024 * 1024)
+
+    def limits(self) -> Limits:
+        """What one client may cost: the bounds every front end (HTTP, gRPC) enforces."""
+        return Limits(
+            max_body=self.max_body_bytes,
+            max_buffered=max(self.max_body_bytes, int(self.max_buffered_mb * 1048576)),
+            max_json=int(self.max_json_mb * 1048576),
+            max_json_depth=self.max_json_depth,
+            max_connections=self.max_connections,
+            max_pipeline=self.max_pipeline,
+            write_high_water=self.write_buffer_kb * 1024,
+            max_header=self.max_header_kb * 1024,
+            keep_alive=self.keep_alive,
+            request_timeout=self.request_timeout,
+        )
 
     def to_dict(self) -> dict[str, Any]:
         """Plain data (paths as strings); the token is masked."""
@@ -114,8 +137,9 @@ OPTIONS: dict[str, tuple[Any, str]] = {
     "grpc_max_rpcs": (int, "gRPC calls in progress at once; more get RESOURCE_EXHAUSTED"),
     "shared_memory": (_bool, "serve Triton's system shared-memory extension (tensors in /dev/shm regions a "
                       "local client registers); 0 refuses every region"),
-    "token": (str, "require 'Authorization: Bearer <token>' on every endpoint but /v2/health/*"),
-    "token_file": (Path, "read the bearer token from this file"),
+    "token": (str, "require 'Authorization: Bearer <token>' on every endpoint but /v2/health/*; "
+              "prefer --token-file or the environment: a command line is readable in /proc by every user"),
+    "token_file": (Path, "read the bearer token from this file (keep it mode 0600)"),
     "max_body_mb": (float, "largest request body accepted, MiB (larger: 413)"),
     "models": (_str_list, "comma-separated models to load at start (default: every model in the store)"),
     "pub": (Path, "minisign public key: verify each bundle before loading it"),
@@ -141,7 +165,18 @@ OPTIONS: dict[str, tuple[Any, str]] = {
     "memory_reserve_mb": (int, "RAM kept free for the system, MiB (default: the scheduler's)"),
     "drain_timeout": (float, "seconds SIGTERM waits for in-flight requests"),
     "keep_alive": (float, "seconds an idle keep-alive connection stays open"),
-    "request_timeout": (float, "seconds a client may take to send one request"),
+    "request_timeout": (float, "seconds a client may take to send one request (408), or to read an answer "
+                        "the daemon holds for it"),
+    "max_connections": (int, "open client connections at most; beyond it new clients get 503 and are closed "
+                        "(also kept below the process's open-file limit)"),
+    "max_buffered_mb": (float, "request bytes all connections may buffer at once, MiB, reserved in the memory "
+                        "budget; a request that would pass it gets 503 with Retry-After"),
+    "max_json_mb": (float, "largest JSON document parsed, MiB (larger: 413; send big tensors as binary data)"),
+    "max_json_depth": (int, "deepest nesting of JSON arrays and objects accepted (deeper: 400)"),
+    "max_pipeline": (int, "requests one connection may have waiting for answers; reading it pauses beyond"),
+    "write_buffer_kb": (int, "answer bytes queued for a client that does not read, KiB, before the daemon "
+                        "stops reading its further requests"),
+    "max_header_kb": (int, "largest request line plus headers, KiB (larger: 431)"),
     "tick": (float, "seconds between serving-loop ticks (watchdog, telemetry, idle sweep)"),
     "log_level": (str, "debug | info | warning | error"),
     "access_log": (_bool, "log every request"),
@@ -202,6 +237,12 @@ def load(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
         raise DaemonError("--grpc-max-streams and --grpc-max-rpcs must be at least 1")
     if cfg.max_body_mb <= 0:
         raise DaemonError(f"--max-body-mb {cfg.max_body_mb}: must be positive")
+    for name in ("max_connections", "max_json_depth", "max_pipeline", "write_buffer_kb", "max_header_kb"):
+        if getattr(cfg, name) < 1:
+            raise DaemonError(f"--{name.replace('_', '-')} {getattr(cfg, name)}: must be at least 1")
+    for name in ("max_buffered_mb", "max_json_mb", "keep_alive", "request_timeout"):
+        if not getattr(cfg, name) > 0:
+            raise DaemonError(f"--{name.replace('_', '-')} {getattr(cfg, name)}: must be positive")
     if cfg.device not in ("auto", "cpu", "gpu"):
         raise DaemonError(f"--device {cfg.device!r}: use auto, cpu or gpu")
     if cfg.max_batch is not None and cfg.max_batch < 1:

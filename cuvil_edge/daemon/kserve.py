@@ -25,7 +25,6 @@ ladder rejects or the server drains, 507 when a model does not fit the memory bu
 from __future__ import annotations
 
 import asyncio
-import hmac
 import json
 import logging
 import time
@@ -37,12 +36,14 @@ from urllib.parse import unquote
 import numpy as np
 
 from cuvil_edge import __version__
+from cuvil_edge.bundle.names import check_component
 from cuvil_edge.daemon.batcher import Pending
 from cuvil_edge.daemon.http import Request, json_error
+from cuvil_edge.daemon.limits import JsonRefused, Limits, bearer_ok, finite_json_list, loads_limited
 from cuvil_edge.daemon.models import ModelInstance, ModelRegistry, UnknownModel
 from cuvil_edge.daemon.pipeline import IMAGE_INPUT
 from cuvil_edge.daemon.shm import OutputTarget, SharedMemoryError, SharedMemoryRegistry, shm_params, shm_route
-from cuvil_edge.errors import CuvilEdgeError, DaemonError
+from cuvil_edge.errors import BundleError, CuvilEdgeError, DaemonError
 from cuvil_edge.runtime.base import datatype_of
 
 __all__ = ["EXTENSIONS", "App", "BadRequest", "MemoryRefused", "decode_infer", "model_config_doc",
@@ -56,6 +57,7 @@ _OCTET = b"application/octet-stream"
 _JSON = b"application/json"
 _TEXT = b"text/plain; version=0.0.4; charset=utf-8"
 _EMPTY_OK = b"{}"
+_MAX_NAME = 128  # the bundle contract's longest name (cuvil_edge.bundle.names)
 
 
 class BadRequest(DaemonError):
@@ -84,8 +86,28 @@ def _serialize_bytes(values: list[bytes]) -> bytes:
     return bytes(out)
 
 
+_JSON_BYTES_PER_VALUE = 40  # "-1.2345678901234567e-308, " and then some
+
+
+def _json_bound(inst: ModelInstance) -> int | None:
+    """Largest plausible JSON request for ``inst``: every input at the largest batch, 40 bytes a
+    value, plus 64 KiB; None when an input has free dimensions (an image of any size)."""
+    total = 0
+    for spec in inst.input_specs.values():
+        dims = list(spec.shape)
+        if inst.max_batch and dims:
+            dims[0] = inst.max_batch
+        if any(d < 0 for d in dims):
+            return None
+        count = 1
+        for d in dims:
+            count *= d
+        total += count
+    return total * _JSON_BYTES_PER_VALUE + (64 << 10)
+
+
 def decode_infer(req_body: bytes, header_len: bytes | None, inst: ModelInstance,
-                 shm: SharedMemoryRegistry | None = None,
+                 shm: SharedMemoryRegistry | None = None, limits: Limits | None = None,
                  ) -> tuple[dict[str, Any], dict[str, np.ndarray], int,
                             list[tuple[str, bool, int, OutputTarget | None]] | None, bool]:
     """Parse and check an infer request against the model.
@@ -98,13 +120,13 @@ def decode_infer(req_body: bytes, header_len: bytes | None, inst: ModelInstance,
         BadRequest: with the message for the client.
     """
     try:
-        return _decode_infer(req_body, header_len, inst, shm)
+        return _decode_infer(req_body, header_len, inst, shm, limits or _DEFAULT_LIMITS)
     except SharedMemoryError as exc:
         raise BadRequest(str(exc), exc.status) from None
 
 
 def _decode_infer(req_body: bytes, header_len: bytes | None, inst: ModelInstance,
-                  shm: SharedMemoryRegistry | None,
+                  shm: SharedMemoryRegistry | None, limits: Limits,
                   ) -> tuple[dict[str, Any], dict[str, np.ndarray], int,
                              list[tuple[str, bool, int, OutputTarget | None]] | None, bool]:
     body = req_body
@@ -121,10 +143,14 @@ def _decode_infer(req_body: bytes, header_len: bytes | None, inst: ModelInstance
         binary = memoryview(body)[hl:]
     else:
         header_bytes = body
+    bound = _json_bound(inst)
+    if bound is not None and len(header_bytes) > bound:
+        raise BadRequest(f"the JSON part of the request has {len(header_bytes)} bytes, more than model "
+                         f"'{inst.name}' can take at its largest batch ({bound} bytes)", 413)
     try:
-        doc = json.loads(header_bytes)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise BadRequest(f"malformed JSON in the inference request header: {exc}") from None
+        doc = loads_limited(header_bytes, limits, "inference request header")
+    except JsonRefused as exc:
+        raise BadRequest(str(exc), exc.status) from None
     if not isinstance(doc, dict):
         raise BadRequest("the inference request must be a JSON object")
     items = doc.get("inputs")
@@ -238,15 +264,20 @@ def _decode_infer(req_body: bytes, header_len: bytes | None, inst: ModelInstance
     if outs_doc:
         if not isinstance(outs_doc, list):
             raise BadRequest("'outputs' must be a list")
+        if len(outs_doc) > len(inst.output_specs):
+            raise BadRequest(f"'outputs' names {len(outs_doc)} outputs; model '{inst.name}' has "
+                             f"{len(inst.output_specs)}")
         outputs = []
         for o in outs_doc:
             oname = o.get("name") if isinstance(o, dict) else None
-            if oname not in inst.output_specs:
-                raise BadRequest(f"unexpected inference output '{oname}' for model '{inst.name}'; it has "
+            if not isinstance(oname, str) or oname not in inst.output_specs:
+                raise BadRequest(f"unexpected inference output '{str(oname)[:100]}' for model '{inst.name}'; it has "
                                  f"{sorted(inst.output_specs)}")
             op = o.get("parameters") or {}
-            cls = op.get("classification", 0) if isinstance(op, dict) else 0
-            if not isinstance(cls, int) or cls < 0:
+            if not isinstance(op, dict):
+                raise BadRequest(f"output '{oname}': 'parameters' must be an object")
+            cls = op.get("classification", 0)
+            if not isinstance(cls, int) or isinstance(cls, bool) or cls < 0:
                 raise BadRequest(f"output '{oname}': classification must be a non-negative integer")
             region = shm_params(op, f"output '{oname}'") if isinstance(op, dict) else None
             target = None
@@ -299,7 +330,8 @@ def model_config_doc(inst: ModelInstance) -> dict[str, Any]:
         "output": [tensor(s) for s in inst.output_specs.values()],
         "instance_group": [{"count": inst.batcher.max_depth if inst.batcher else 1,
                             "kind": "KIND_GPU" if inst.engine.backend == "tensorrt" else "KIND_CPU"}],
-        "parameters": {"cuvil.bundle": {"string_value": str(inst.bundle_dir)},
+        # Relative to the store: the device's file system layout is nobody's business.
+        "parameters": {"cuvil.bundle": {"string_value": f"bundles/{inst.name}/{inst.version}"},
                        "cuvil.precision": {"string_value": str(inst.manifest.get("precision", ""))},
                        # gRPC's ModelConfig has no field for these: parameters carry them there.
                        "cuvil.backend": {"string_value": inst.engine.backend},
@@ -329,6 +361,9 @@ def _to_shared_memory(entry: dict[str, Any], blobs: list[bytes], target: OutputT
         entry["parameters"]["shared_memory_offset"] = target.offset
 
 
+_DEFAULT_LIMITS = Limits()
+
+
 class App:
     """Routes requests; answers through ``request.respond``.
 
@@ -339,15 +374,19 @@ class App:
         metrics (Callable[[], bytes]): renders ``/metrics``.
         pressure (Callable[[], tuple[bool, float]] | None): ``(reject, retry_after_s)`` from the
             memory pressure ladder; None when there is no scheduler.
+        max_body (int): request body limit (also caps a decompressed body).
+        limits (Limits | None): JSON size and depth limits. Defaults to :class:`Limits` ().
     """
 
     def __init__(self, registry: ModelRegistry, state: Any, token: str | None,
                  metrics: Callable[[], bytes], pressure: Callable[[], tuple[bool, float]] | None = None,
-                 max_body: int = 64 << 20, shm: SharedMemoryRegistry | None = None) -> None:
+                 max_body: int = 64 << 20, shm: SharedMemoryRegistry | None = None,
+                 limits: Limits | None = None) -> None:
         self.registry = registry
         self.shm = shm
         self.state = state
-        self.token = f"Bearer {token}".encode() if token else None
+        self.token = token.encode() if token else None
+        self.limits = limits or Limits(max_body=max_body)
         self.metrics = metrics
         self.pressure = pressure
         self.max_body = max_body
@@ -360,9 +399,9 @@ class App:
     def handle(self, req: Request) -> None:
         """Serve one request (the HttpProtocol's ``handle``)."""
         path = req.path
+        # HttpProtocol already refused a wrong token on the headers; this guards other callers.
         if self.token is not None and not path.startswith("/v2/health/"):
-            got = req.headers.get(b"authorization", b"")
-            if not hmac.compare_digest(got, self.token):
+            if not bearer_ok(req.headers.get(b"authorization"), self.token):
                 req.error(401, "missing or wrong bearer token: send 'Authorization: Bearer <token>'",
                           [(b"www-authenticate", b'Bearer realm="cuvil-edged"')])
                 return
@@ -380,8 +419,9 @@ class App:
                 version = unquote(rest[1])
                 rest = rest[2:]
             action = rest[0] if rest else ""
-            if len(rest) > 1:
-                req.error(404, f"no such endpoint: {path}")
+            if len(rest) > 1 or len(name) > _MAX_NAME:
+                req.error(404, "no such endpoint" if len(rest) > 1 else
+                          f"model name of {len(name)} characters is longer than {_MAX_NAME}")
             elif action == "infer":
                 if method != b"POST":
                     req.error(405, "use POST for infer")
@@ -399,14 +439,15 @@ class App:
                 req.error(404, f"no such endpoint: {path}")
             return
         if path == "/v2/health/live":
-            req.respond(200 if not self.state.stopped else 503, b"")
+            self._get_only(req) and req.respond(200 if not self.state.stopped else 503, b"")
         elif path == "/v2/health/ready":
-            ok = self.state.ready and not self.state.shutting_down
-            req.respond(200 if ok else 503, b"" if ok else json_error("server is not ready"))
+            if self._get_only(req):
+                ok = self.state.ready and not self.state.shutting_down
+                req.respond(200 if ok else 503, b"" if ok else json_error("server is not ready"))
         elif path in ("/v2", "/v2/"):
-            req.respond(200, self._server_meta)
+            self._get_only(req) and req.respond(200, self._server_meta)
         elif path == "/metrics":
-            req.respond(200, self.metrics(), _TEXT)
+            self._get_only(req) and req.respond(200, self.metrics(), _TEXT)
         elif n >= 4 and parts[1] == "v2" and parts[2] in ("systemsharedmemory", "cudasharedmemory"):
             shm_route(self.shm, req, parts)
         elif n >= 4 and parts[1] == "v2" and parts[2] == "repository":
@@ -423,8 +464,9 @@ class App:
 
     @staticmethod
     def _get_only(req: Request) -> bool:
-        if req.method != b"GET":
-            req.error(405, f"use GET for {req.path}")
+        """GET (or HEAD: the same headers, no body) only; 405 with ``Allow`` otherwise."""
+        if req.method not in (b"GET", b"HEAD"):
+            req.error(405, f"use GET for {req.path[:200]}", [(b"allow", b"GET, HEAD")])
             return False
         return True
 
@@ -468,11 +510,11 @@ class App:
         ready_only = False
         if req.body:
             try:
-                doc = json.loads(req.body)
-                ready_only = bool(doc.get("ready", False)) if isinstance(doc, dict) else False
-            except ValueError:
-                req.error(400, "malformed JSON in the repository index request")
+                doc = loads_limited(req.body, self.limits, "repository index request")
+            except JsonRefused as exc:
+                req.error(exc.status, str(exc))
                 return
+            ready_only = bool(doc.get("ready", False)) if isinstance(doc, dict) else False
         items = self.registry.index()
         if ready_only:
             items = [i for i in items if i["state"] == "READY"]
@@ -480,11 +522,16 @@ class App:
 
     def _repo(self, req: Request, name: str, action: str) -> None:
         version = None
+        try:
+            check_component("name", name)
+        except BundleError as exc:
+            req.error(400, f"failed to {action}: {exc}")
+            return
         if req.body:
             try:
-                doc = json.loads(req.body)
-            except ValueError:
-                req.error(400, f"malformed JSON in the {action} request")
+                doc = loads_limited(req.body, self.limits, f"{action} request")
+            except JsonRefused as exc:
+                req.error(exc.status, str(exc))
                 return
             params = doc.get("parameters") if isinstance(doc, dict) else None
             if isinstance(params, dict) and isinstance(params.get("version"), str):
@@ -500,12 +547,18 @@ class App:
         except MemoryRefused as exc:
             req.error(507, f"failed to load '{name}': {exc}")
         except CuvilEdgeError as exc:
-            req.error(400, f"failed to load '{name}': {exc}")
+            req.error(400, f"failed to load '{name}': {self._public(exc)}")
         except Exception as exc:
             log.exception("loading %s failed", name)
-            req.error(500, f"failed to load '{name}': {type(exc).__name__}: {exc}")
+            req.error(500, f"failed to load '{name}': internal error ({type(exc).__name__}); see the daemon's log")
         else:
             req.respond(200, b"")
+
+    def _public(self, exc: Exception) -> str:
+        """``exc``'s message without the store's absolute path (clients see store-relative paths)."""
+        text = str(exc)
+        root = str(self.registry.store.root).rstrip("/")
+        return text.replace(root + "/", "").replace(root, "<store>") if root else text
 
     async def _unload(self, req: Request, name: str) -> None:
         try:
@@ -544,7 +597,7 @@ class App:
             fut.add_done_callback(lambda f: self._decoded(req, inst, f))
             return
         try:
-            decoded = decode_infer(req.body, hl, inst, self.shm)
+            decoded = decode_infer(req.body, hl, inst, self.shm, self.limits)
         except BadRequest as exc:
             self._bad(req, inst, exc)
             return
@@ -556,10 +609,11 @@ class App:
         body = req.body
         if enc is not None:
             if enc.lower() not in (b"gzip", b"deflate"):
+                enc = enc[:40]
                 raise BadRequest(f"Content-Encoding {enc.decode(errors='replace')!r} is not supported; "
                                  "use gzip, deflate or none")
             body = self._decompress(body, enc.lower())
-        return decode_infer(body, hl, inst, self.shm)
+        return decode_infer(body, hl, inst, self.shm, self.limits)
 
     def _decoded(self, req: Request, inst: ModelInstance, fut: Any) -> None:
         inst.inflight -= 1
@@ -571,7 +625,7 @@ class App:
         elif exc is not None:
             log.error("decoding a request failed: %r", exc)
             inst.stats.record_request(False, int((time.perf_counter() - req.received) * 1e9))
-            req.error(500, f"internal error decoding the request: {type(exc).__name__}: {exc}")
+            req.error(500, f"internal error decoding the request: {type(exc).__name__}")
         else:
             self._submit(req, inst, fut.result())
 
@@ -638,7 +692,7 @@ class App:
                         entry["parameters"] = {"binary_data_size": len(blob)}
                         blobs.append(blob)
                     else:
-                        entry["data"] = arr.ravel().tolist()
+                        entry["data"] = finite_json_list(arr)
                 if target is not None:
                     try:
                         _to_shared_memory(entry, blobs, target, strings if cls else arr)

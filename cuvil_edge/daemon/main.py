@@ -32,6 +32,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
+    args = list(sys.argv[1:] if argv is None else argv)
+    if any(a == "--token" or a.startswith("--token=") for a in args):
+        logging.getLogger("cuvil_edge.daemon").warning(
+            "--token on the command line is readable by every user in /proc/<pid>/cmdline; "
+            "use --token-file or CUVIL_EDGED_TOKEN")
     try:
         return Server(config).run()
     except CuvilEdgeError as exc:

@@ -414,6 +414,9 @@ class ModelRegistry:
         loop = asyncio.get_running_loop()
         entry = self.entries.get(name)
         if entry is None:
+            # A name that is not in the store leaves no trace: no index entry, no log traceback.
+            if not self.store.versions(name):
+                raise UnknownModel(f"model '{name[:128]}' is not in the store")
             entry = self.entries[name] = ModelEntry(name)
         async with entry.lock:
             previous_state = entry.state

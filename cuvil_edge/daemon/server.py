@@ -25,17 +25,18 @@ import gc
 import logging
 import os
 import signal
-import socket
 import stat
 import time
 from pathlib import Path
 from typing import Any
 
 from cuvil_edge.bundle.activation import revert_expired
+from cuvil_edge.daemon.accept import Acceptor, connection_cap, listen_tcp, listen_unix
 from cuvil_edge.daemon.config import Config
 from cuvil_edge.daemon.gpu_metrics import GpuMetrics, power_limit_w
 from cuvil_edge.daemon.http import HttpProtocol
 from cuvil_edge.daemon.kserve import App
+from cuvil_edge.daemon.limits import Limits
 from cuvil_edge.daemon.metrics import render_prometheus
 from cuvil_edge.daemon.models import ModelRegistry
 from cuvil_edge.daemon.resources import Resources
@@ -64,10 +65,25 @@ def freeze_heap() -> None:
 
 
 class ServerState:
-    """Counters and flags shared by the connections and the server."""
+    """Counters, flags and limits shared by the connections and the server.
 
-    def __init__(self, max_body: int) -> None:
-        self.max_body = max_body
+    Args:
+        limits (Limits): what one client may cost (:meth:`Config.limits`).
+        token (str | None): the bearer token every endpoint but ``/v2/health/*`` requires.
+    """
+
+    def __init__(self, limits: Limits | int, token: str | None = None) -> None:
+        if isinstance(limits, int):  # the former signature: ServerState(max_body)
+            limits = Limits(max_body=limits, max_buffered=max(limits, Limits.max_buffered))
+        self.limits = limits
+        self.max_body = limits.max_body
+        self.token = token.encode() if token else None
+        self.max_connections = limits.max_connections  # lowered to fit the open-file limit at bind
+        self.buffered = 0  # request bytes held by every connection now
+        self.buffered_peak = 0
+        self.refused: dict[str, int] = {"connections": 0, "auth": 0, "buffered": 0}
+        self._refusal_logged = -1e9
+        self._refusals_unlogged = 0
         self.connections: set[HttpProtocol] = set()
         self.inflight = 0
         self.total_requests = 0
@@ -94,6 +110,33 @@ class ServerState:
     def on_protocol_error(self, status: int) -> None:
         self.protocol_errors += 1
 
+    def reserve(self, n: int) -> bool:
+        """Count ``n`` more buffered request bytes, unless that passes ``limits.max_buffered``."""
+        if self.buffered + n > self.limits.max_buffered:
+            return False
+        self.buffered += n
+        self.buffered_peak = max(self.buffered_peak, self.buffered)
+        return True
+
+    def release(self, n: int) -> None:
+        """Forget ``n`` buffered bytes (the request was answered or its client left)."""
+        self.buffered = max(0, self.buffered - n)
+
+    def on_refused(self, kind: str) -> None:
+        """Count a refusal (``connections``, ``auth``, ``buffered``); log at most one line per 10 s."""
+        self.refused[kind] = self.refused.get(kind, 0) + 1
+        if kind == "auth":
+            return  # a client error, counted in /metrics; not worth a log line each
+        now = time.monotonic()
+        if now - self._refusal_logged >= 10.0:
+            log.warning("refusing clients with 503: %s (%d open connections, limit %d; %d bytes buffered, "
+                        "limit %d); %d more refusal(s) since the last report", kind, len(self.connections),
+                        self.max_connections, self.buffered, self.limits.max_buffered, self._refusals_unlogged)
+            self._refusal_logged = now
+            self._refusals_unlogged = 0
+        else:
+            self._refusals_unlogged += 1
+
 
 class Server:
     """Runs the daemon for a :class:`Config`.
@@ -104,7 +147,7 @@ class Server:
 
     def __init__(self, config: Config) -> None:
         self.config = config
-        self.state = ServerState(config.max_body_bytes)
+        self.state = ServerState(config.limits(), config.token)
         self.store = BundleStore(config.store)
         self.resources = Resources(config)
         self.registry: ModelRegistry | None = None
@@ -112,7 +155,7 @@ class Server:
         self.shm = SharedMemoryRegistry() if config.shared_memory else None
         self.grpc: Any = None  # GrpcFrontend when gRPC is on
         self.gpu_metrics: GpuMetrics | None = None  # Triton's nv_gpu_* series, with telemetry
-        self._servers: list[asyncio.AbstractServer] = []
+        self._servers: list[Acceptor] = []
         self._stop: asyncio.Event | None = None  # created on the loop
         self._tasks: set[asyncio.Task[Any]] = set()
         self.bound: list[str] = []
@@ -172,11 +215,13 @@ class Server:
                                       release=self.resources.release, measured=self.resources.measured,
                                       pool=self.resources.pool)
         self.resources.bind(self.registry)
+        self._reserve_request_buffers()
         self.app = App(self.registry, self.state, cfg.token, self.render_metrics,
                        self.resources.pressure if self.resources.has_scheduler else None,
-                       max_body=cfg.max_body_bytes, shm=self.shm)
+                       max_body=cfg.max_body_bytes, shm=self.shm, limits=self.state.limits)
         await self._listen(loop)
         await self._listen_grpc()
+        self._cap_connections()  # with both front ends' descriptors open
         self.revert_expired_switches()  # before loading: a reboot mid-deploy ends on the gated version
         self.resources.notify("STATUS=loading models")
         names = cfg.models or self.store.names()
@@ -195,6 +240,46 @@ class Server:
         self.resources.notify("READY=1", f"MAINPID={os.getpid()}",
                               f"STATUS=serving {len(loaded)} model(s) on {', '.join(self.bound)}")
 
+    def _reserve_request_buffers(self) -> None:
+        """Reserve the bytes connections may buffer in the memory budget, so models fit beside them.
+
+        When the budget cannot spare ``--max-buffered-mb``, the cap shrinks to an eighth of the
+        budget (never below one request of ``--max-body-mb``) rather than failing the start.
+        """
+        sched = self.resources.scheduler
+        limits = self.state.limits
+        if sched is None:
+            return
+        from dataclasses import replace
+
+        from cuvil_edge.daemon.scheduler import MemoryBudgetError
+
+        want = limits.max_buffered
+        headroom = sched.headroom_bytes
+        if want > headroom // 2:
+            want = max(limits.max_body, headroom // 8)
+            log.warning("the memory budget cannot spare --max-buffered-mb %.0f; request buffers capped at "
+                        "%.0f MiB", limits.max_buffered / 1048576, want / 1048576)
+        if want > headroom:
+            log.warning("request buffers (%.0f MiB) not reserved in the memory budget: %.0f MiB free",
+                        want / 1048576, max(0, headroom) / 1048576)
+            self.state.limits = replace(limits, max_buffered=want)
+            return
+        try:
+            sched.admit("http:request-buffers", want)
+        except MemoryBudgetError as exc:
+            log.warning("request buffers not reserved in the memory budget: %s", exc)
+        # Busy for good: the pressure ladder never picks this reservation as an idle model to unload.
+        sched.begin_use("http:request-buffers")
+        self.state.limits = replace(limits, max_buffered=want)
+
+    def _cap_connections(self) -> None:
+        cap = connection_cap(self.state.limits.max_connections)
+        if cap < self.state.limits.max_connections:
+            log.warning("--max-connections %d lowered to %d to stay below the open-file limit (LimitNOFILE)",
+                        self.state.limits.max_connections, cap)
+        self.state.max_connections = cap
+
     async def _listen(self, loop: asyncio.AbstractEventLoop) -> None:
         cfg = self.config
         app, state = self.app, self.state
@@ -203,26 +288,34 @@ class Server:
         def factory() -> HttpProtocol:
             return HttpProtocol(app.handle, state)
 
+        socks = []
         if cfg.uds is not None:
             path = Path(cfg.uds)
             if path.exists() or path.is_symlink():
                 if not stat.S_ISSOCK(path.lstat().st_mode):
                     raise DaemonError(f"--uds {path}: exists and is not a socket; remove it or pick another path")
                 path.unlink()
-            srv = await loop.create_unix_server(factory, str(path), backlog=512)
+            socks.append(listen_unix(str(path)))
             os.chmod(path, 0o660)
             self.bound.append(f"unix:{path}")
         else:
             try:
-                srv = await loop.create_server(factory, cfg.host, cfg.port, backlog=512, reuse_address=True)
+                socks = listen_tcp(cfg.host, cfg.port)
             except OSError as exc:
                 raise DaemonError(f"cannot listen on {cfg.host}:{cfg.port}: {exc.strerror or exc}") from exc
-            for sock in srv.sockets:
-                with contextlib.suppress(OSError):
-                    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            for sock in socks:
                 host, port = sock.getsockname()[:2]
                 self.bound.append(f"http://{host}:{port}")
-        self._servers.append(srv)
+        def admit(pending: int) -> bool:
+            if len(state.connections) + pending < state.max_connections:
+                return True
+            state.on_refused("connections")
+            return False
+
+        for sock in socks:
+            acceptor = Acceptor(loop, sock, factory, admit=admit)
+            acceptor.start()
+            self._servers.append(acceptor)
 
     def _start_gpu_metrics(self) -> None:
         """Feed every telemetry sample to Triton's GPU metrics (energy integrates all of them)."""
@@ -346,7 +439,7 @@ class Server:
         """One serving-loop tick: idle sweep, telemetry and scheduler, watchdog."""
         now = time.monotonic()
         for conn in list(self.state.connections):
-            conn.sweep(now, self.config.keep_alive, self.config.request_timeout)
+            conn.sweep(now)
         instances = self.registry.instances() if self.registry else []
         self.resources.tick(instances)
         oldest_s = 0.0
@@ -364,9 +457,6 @@ class Server:
     async def _close_listeners(self) -> None:
         for srv in self._servers:
             srv.close()
-        for srv in self._servers:
-            with contextlib.suppress(Exception):
-                await srv.wait_closed()
         self._servers.clear()
         if self.grpc is not None:
             await self.grpc.stop(0)
@@ -436,7 +526,14 @@ class Server:
                                           [({}, s.rejected)]),
             "cuvil_http_unknown_model_total": ("Inference requests for a model not served",
                                                [({}, s.failed_unknown)]),
+            "cuvil_http_refused_total": ("Clients refused before their request was read: connection cap, "
+                                         "bearer token, buffered-bytes cap",
+                                         [({"reason": k}, v) for k, v in sorted(s.refused.items())]),
+            "cuvil_http_fd_exhausted_total": ("Times accept() found no free file descriptor",
+                                              [({}, sum(a.exhausted_total for a in self._servers))]),
         }
+        gauges["cuvil_http_buffered_bytes"] = ("Request bytes buffered by all connections now",
+                                               [({}, s.buffered)])
         counters.update(self.resources.counters())
         if self.grpc is not None:
             counters.update(self.grpc.counters())

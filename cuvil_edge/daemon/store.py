@@ -9,6 +9,11 @@ Layout (docs/bundle-format.md)::
 The daemon serves ``current`` of each model (or the only version when there is no link). The
 deploy tool flips ``current`` atomically (a new link renamed over the old one) and sends SIGHUP;
 :meth:`BundleStore.install` does the same for tests and the demo.
+
+Names and versions follow the bundle contract's one rule (:mod:`cuvil_edge.bundle.names`) at
+every door: lookups refuse anything that is not one safe path component before touching the file
+system, and :meth:`BundleStore.install` checks the signature and the names before it writes or
+deletes anything. Installing needs the public key unless ``allow_unsigned`` says otherwise.
 """
 
 from __future__ import annotations
@@ -20,7 +25,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from cuvil_edge.errors import BundleError, DaemonError
+from cuvil_edge.bundle.names import check_component, is_safe_component
+from cuvil_edge.errors import BundleError, DaemonError, SignatureError
 
 __all__ = ["BundleStore", "read_manifest_dict"]
 
@@ -75,16 +81,17 @@ class BundleStore:
         if not self.bundles.is_dir():
             return []
         return sorted(p.name for p in self.bundles.iterdir()
-                      if p.is_dir() and not p.name.startswith(".") and self.versions(p.name))
+                      if is_safe_component(p.name) and p.is_dir() and self.versions(p.name))
 
     def versions(self, name: str) -> list[str]:
-        """Versions of ``name`` present (directories holding a manifest.json)."""
+        """Versions of ``name`` present (directories holding a manifest.json); none for an unsafe name."""
+        if not is_safe_component(name):
+            return []
         d = self.bundles / name
         if not d.is_dir():
             return []
         return sorted(p.name for p in d.iterdir()
-                      if p.name != "current" and not p.name.startswith(".") and not p.is_symlink()
-                      and (p / "manifest.json").is_file())
+                      if is_safe_component(p.name) and not p.is_symlink() and (p / "manifest.json").is_file())
 
     def current(self, name: str) -> str | None:
         """The version ``current`` points at; the only version when there is no link; else None."""
@@ -101,20 +108,24 @@ class BundleStore:
         Raises:
             DaemonError: no such model or version, or no current version.
         """
-        if not name or "/" in name or name.startswith("."):
-            raise DaemonError(f"invalid model name {name!r}")
+        try:
+            check_component("name", name, DaemonError)
+        except DaemonError as exc:
+            raise DaemonError(f"invalid model name: {exc}") from None
         if version is None:
             version = self.current(name)
             if version is None:
                 if not self.versions(name):
-                    raise DaemonError(f"model {name!r} is not in the store {self.bundles}")
+                    raise DaemonError(f"model {name!r} is not in the store")
                 raise DaemonError(f"model {name!r} has several versions and no 'current' link in "
                                   f"{self.bundles / name}; point current at one")
-        if "/" in version or version.startswith("."):
-            raise DaemonError(f"invalid version {version!r}")
+        try:
+            check_component("version", version, DaemonError)
+        except DaemonError as exc:
+            raise DaemonError(f"invalid version: {exc}") from None
         d = self.bundles / name / version
         if not (d / "manifest.json").is_file():
-            raise DaemonError(f"model {name!r} version {version!r} is not in the store {self.bundles}")
+            raise DaemonError(f"model {name!r} version {version!r} is not in the store")
         return d
 
     def manifest(self, name: str, version: str | None = None) -> dict[str, Any]:
@@ -131,35 +142,56 @@ class BundleStore:
         os.symlink(version, tmp)
         os.replace(tmp, d / "current")
 
-    def install(self, source: Path, make_current: bool = True) -> tuple[str, str]:
+    def install(self, source: Path, make_current: bool = True, public_key: Any = None,
+                allow_unsigned: bool = False) -> tuple[str, str]:
         """Copy a bundle (extracted directory or ``.cvb`` file) into the store.
+
+        The signature (with ``public_key``) and the name and version are checked before anything
+        is written; the bundle lands in a temporary directory beside its place and is renamed
+        there only once every member verified. An installed version is never replaced.
+
+        Args:
+            source (Path): a ``.cvb`` file or an extracted bundle directory.
+            make_current (bool): point ``current`` at the new version. Defaults to True.
+            public_key (Path | PublicKey | None): the minisign public key the bundle must verify
+                with. Required unless ``allow_unsigned``.
+            allow_unsigned (bool): install without checking who signed it (tests, local trials).
+                Defaults to False.
 
         Returns:
             tuple[str, str]: (name, version).
 
         Raises:
-            BundleError: not a bundle, or that version is already installed with other content.
+            SignatureError: no key given without ``allow_unsigned``, or the signature does not verify.
+            BundleError: not a bundle, unsafe name or version, a member fails its checksum.
         """
         source = Path(source)
-        self.bundles.mkdir(parents=True, exist_ok=True)
+        if public_key is None and not allow_unsigned:
+            raise SignatureError(f"{source}: installing needs the signer's public key (pass it, or "
+                                 "allow_unsigned=True / --allow-unsigned to skip the check)")
         if source.is_file():
             from cuvil_edge.bundle import extract_bundle, read_manifest
 
-            m = read_manifest(source)
+            m = read_manifest(source, public_key)  # signature and names, before any write
             name, version = m.name, m.version
             dest = self.bundles / name / version
             if not dest.exists():
                 dest.parent.mkdir(parents=True, exist_ok=True)
-                extract_bundle(source, dest)
+                extract_bundle(source, dest, public_key)
         else:
+            if public_key is not None:
+                from cuvil_edge.bundle import verify_directory
+
+                verify_directory(source, public_key)
             data = read_manifest_dict(source)
-            name, version = str(data["name"]), str(data["version"])
+            name = check_component("name", data["name"])
+            version = check_component("version", data["version"])
             dest = self.bundles / name / version
             if not dest.exists():
                 dest.parent.mkdir(parents=True, exist_ok=True)
                 tmp = Path(tempfile.mkdtemp(prefix=f".{version}.", dir=dest.parent))
                 try:
-                    shutil.copytree(source, tmp, dirs_exist_ok=True)
+                    shutil.copytree(source, tmp, dirs_exist_ok=True, symlinks=True)
                     os.rename(tmp, dest)
                 except BaseException:
                     shutil.rmtree(tmp, ignore_errors=True)

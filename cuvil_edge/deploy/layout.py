@@ -25,30 +25,25 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import os
-import re
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
 import asyncssh
 
+from cuvil_edge.bundle.names import check_component as _check_component
+from cuvil_edge.bundle.names import is_safe_component
 from cuvil_edge.deploy.transport import SSHTransport
 from cuvil_edge.errors import DeployError
 
 __all__ = ["DeviceActivating", "DeviceBusy", "DeviceLock", "DeviceStore", "check_component"]
 
-_SAFE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,127}")
-_RESERVED = {"current", "current.new", "previous"}
 
 
 def check_component(kind: str, value: str) -> str:
-    """A bundle name or version must be one safe path component; raise DeployError otherwise."""
-    if not _SAFE.fullmatch(value or "") or value in _RESERVED or value.endswith(".part"):
-        raise DeployError(
-            f"bundle {kind} '{value}' cannot be a directory name on the device; use letters, digits, '.', "
-            "'_', '+' or '-' (not 'current' or 'previous')"
-        )
-    return value
+    """A bundle name or version must be one safe path component (the bundle contract's rule,
+    :func:`cuvil_edge.bundle.names.check_component`); raise DeployError otherwise."""
+    return _check_component(kind, value, DeployError)
 
 
 def now_iso() -> str:
@@ -91,14 +86,14 @@ class DeviceStore:
     # -- reading ----------------------------------------------------------------------------
 
     async def names(self) -> list[str]:
-        return [n for n in await self.tr.listdir(os.path.join(self.root, "bundles")) if _SAFE.fullmatch(n)]
+        return [n for n in await self.tr.listdir(os.path.join(self.root, "bundles")) if is_safe_component(n)]
 
     async def versions(self, name: str) -> list[str]:
         """Installed versions of ``name``, oldest install first."""
         base = self.bundle_dir(name)
         found: list[tuple[float, str]] = []
         for entry in await self.tr.listdir(base):
-            if entry in _RESERVED or not _SAFE.fullmatch(entry):
+            if not is_safe_component(entry):
                 continue
             st = await self.tr.stat(os.path.join(base, entry))
             if st is not None and st.type == 2:  # SFTP file type 2: directory

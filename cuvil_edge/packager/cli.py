@@ -55,7 +55,22 @@ def _recipe(
         recipe.name = name
     if version:
         recipe.version = version
+    from cuvil_edge.bundle.names import check_component
+
+    check_component("name", recipe.name, RecipeError)
+    check_component("version", recipe.version, RecipeError)
     return recipe
+
+
+def _check_out(out: Path, what: str = "--out") -> None:
+    """Refuse an output path that cannot be written, before any work: nothing is created."""
+    from cuvil_edge.errors import CuvilEdgeError
+
+    if out.is_dir():
+        raise CuvilEdgeError(f"{what} {out}: is a directory; give a file path such as {out / 'model.cvb'}")
+    parent = out.parent if str(out.parent) else Path(".")
+    if not parent.is_dir():
+        raise CuvilEdgeError(f"{what} {out}: the directory {parent} does not exist; create it first")
 
 
 def _metrics_table(title: str, metrics: dict[str, Any]) -> Table:
@@ -87,6 +102,7 @@ def package_cmd(
     from cuvil_edge.packager.package import package
 
     started = time.perf_counter()
+    _check_out(out)
     rec = _recipe(model, recipe, target, precision, calib, eval_data, name, version)
     from cuvil_edge._progress import packaging_progress
 
@@ -124,6 +140,7 @@ def quantize_cmd(
     from cuvil_edge.packager.package import quantize_model, resolve_model
     from cuvil_edge.targets import get_target
 
+    _check_out(out)
     rec = _recipe(model, recipe, target, precision, calib, None, None, None)
     m = load_model(resolve_model(rec.model))
     inputs = model_inputs(m)

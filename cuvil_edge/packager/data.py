@@ -137,6 +137,63 @@ def _check_shape(arr: np.ndarray, spec: InputSpec, where: str) -> np.ndarray:
     return arr.astype(spec.dtype, copy=False)
 
 
+def _check_npy_header(path: Path) -> None:
+    """Refuse a ``.npy`` whose header promises more data than the file holds, before allocating.
+
+    ``np.load`` trusts the header: one claiming 1e11 samples asks for terabytes. Reading the
+    header alone (magic, then ``read_array_header_*``) costs a few hundred bytes.
+    """
+    from numpy.lib import format as npformat
+
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as f:
+            major, _minor = npformat.read_magic(f)
+            if major == 1:
+                shape, _fortran, dtype = npformat.read_array_header_1_0(f)
+            elif major in (2, 3):
+                shape, _fortran, dtype = npformat.read_array_header_2_0(f)
+            else:
+                raise ValueError(f"unsupported .npy format version {major}")
+            offset = f.tell()
+    except (OSError, ValueError, EOFError) as exc:
+        raise DataError(f"{path}: not a readable .npy file ({exc})") from None
+    if dtype.hasobject:
+        raise DataError(f"{path}: holds Python objects; use a numeric array")
+    count = 1
+    for d in shape:
+        count *= int(d)
+    need = count * dtype.itemsize
+    if need > size - offset:
+        raise DataError(f"{path}: header claims shape {list(shape)} of {dtype} ({need} bytes) but the file "
+                        f"holds only {size - offset} bytes of data; truncated or corrupt")
+
+
+def _npz_member(npz: Any, key: str, path: Path) -> np.ndarray:
+    """One array of an ``.npz``, its header judged against the member's real size first."""
+    import zipfile
+
+    from numpy.lib import format as npformat
+
+    try:
+        info = npz.zip.getinfo(f"{key}.npy")
+        with npz.zip.open(info) as f:
+            major, _minor = npformat.read_magic(f)
+            read_header = npformat.read_array_header_1_0 if major == 1 else npformat.read_array_header_2_0
+            shape, _fortran, dtype = read_header(f)
+        count = 1
+        for d in shape:
+            count *= int(d)
+        if dtype.hasobject or count * dtype.itemsize > info.file_size:
+            raise DataError(f"{path}: member '{key}' claims shape {list(shape)} of {dtype} but holds "
+                            f"{info.file_size} bytes; truncated or corrupt")
+        return npz[key]
+    except DataError:
+        raise
+    except (KeyError, OSError, ValueError, EOFError, MemoryError, zipfile.BadZipFile) as exc:
+        raise DataError(f"{path}: cannot read member '{key}' ({exc})") from None
+
+
 def _load_files(path: Path, files: list[Path], inputs: list[InputSpec], spec: dict[str, Any], samples: int) -> Dataset:
     images = [p for p in files if p.suffix.lower() in _IMAGE_EXT]
     tensors = [p for p in files if p.suffix.lower() in (".npy", ".npz")]
@@ -158,14 +215,18 @@ def _load_files(path: Path, files: list[Path], inputs: list[InputSpec], spec: di
             raise DataError(f"{p}: cannot read image ({exc})") from None
         batches[inputs[0].name].append(_check_shape(preprocess_image(arr, spec), inputs[0], str(p)))
     for p in tensors:
+        if p.suffix.lower() == ".npy":
+            _check_npy_header(p)
         try:
-            loaded = np.load(p, allow_pickle=False)
-        except (OSError, ValueError) as exc:
+            # .npy: mapped, so only the samples used are read; .npz members are checked on access.
+            loaded = np.load(p, allow_pickle=False, mmap_mode="r" if p.suffix.lower() == ".npy" else None)
+        except (OSError, ValueError, EOFError) as exc:
             raise DataError(f"{p}: cannot read tensor file ({exc})") from None
         if isinstance(loaded, np.ndarray):
             if len(inputs) != 1:
                 raise DataError(f"{p}: .npy feeds only single-input models; use .npz keyed by input name")
-            batches[inputs[0].name].append(_check_shape(loaded, inputs[0], str(p)))
+            head = loaded[:samples] if loaded.ndim else loaded
+            batches[inputs[0].name].append(np.array(_check_shape(head, inputs[0], str(p))))
             continue
         with loaded:
             keys = set(loaded.files)
@@ -173,9 +234,9 @@ def _load_files(path: Path, files: list[Path], inputs: list[InputSpec], spec: di
                 key = spec_in.name if spec_in.name in keys else (loaded.files[0] if len(inputs) == 1 else None)
                 if key is None or key not in keys:
                     raise DataError(f"{p}: no array named '{spec_in.name}' (has: {', '.join(sorted(keys))})")
-                batches[spec_in.name].append(_check_shape(loaded[key], spec_in, str(p)))
+                batches[spec_in.name].append(_check_shape(_npz_member(loaded, key, p), spec_in, str(p)))
             if "labels" in keys:
-                labels.append(np.asarray(loaded["labels"]).reshape(-1))
+                labels.append(np.asarray(_npz_member(loaded, "labels", p)).reshape(-1))
     arrays = {k: _join(v, samples) for k, v in batches.items()}
     counts = {len(v) for v in arrays.values()}
     if len(counts) != 1:

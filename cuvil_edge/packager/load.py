@@ -38,6 +38,11 @@ def _check_initializers(model: onnx.ModelProto, path: Path) -> None:
             )
 
 
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
 def load_model(path: Path) -> onnx.ModelProto:
     """Load an ONNX file (with external data) and check it; one-line ModelError on any problem."""
     path = Path(path)
@@ -49,10 +54,16 @@ def load_model(path: Path) -> onnx.ModelProto:
         model = onnx.load(str(path), load_external_data=True)
     except DecodeError:
         raise ModelError(f"{path}: not an ONNX model, or the file is truncated (protobuf parse failed)") from None
+    except onnx.checker.ValidationError as exc:
+        # onnx refuses external data outside the model's folder (path traversal) this way.
+        raise ModelError(f"{path}: refused external data: {_first_line(exc)}") from None
     except (OSError, ValueError) as exc:
-        raise ModelError(f"{path}: cannot load ONNX model or its external data ({exc})") from None
+        raise ModelError(f"{path}: cannot load ONNX model or its external data ({_first_line(exc)})") from None
     if not model.graph.node or not model.graph.output:
         raise ModelError(f"{path}: not an ONNX model, or the file is truncated (graph has no nodes or outputs)")
+    if not model_inputs(model):
+        raise ModelError(f"{path}: the graph has no inputs (every graph input is an initializer); "
+                         "cuvil-edge packages models that take at least one input tensor")
     _check_initializers(model, path)
     opset = opset_of(model)
     if opset < 7:

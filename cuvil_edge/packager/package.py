@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 import onnx
 
+from cuvil_edge.bundle.names import check_bundle_names
 from cuvil_edge.errors import DataError, KernelError, ModelError, QuantizationError, RecipeError
 from cuvil_edge.packager.data import Dataset, InputSpec, load_dataset
 from cuvil_edge.packager.load import load_model, model_inputs, model_outputs
@@ -235,6 +236,7 @@ def package(
         ModelError, DataError, QuantizationError, AccuracyError, BundleError: with one-line messages.
     """
     say = progress or (lambda msg: None)
+    check_bundle_names(recipe.name, recipe.version)  # before any work: they become directories
     timings: dict[str, float] = {}
     t0 = time.perf_counter()
     target = get_target(recipe.target)

@@ -24,7 +24,8 @@ def parse_stream(stream: TextIO, out: TextIO) -> tuple[int, int]:
     """Parse each line of ``stream``; write one JSON object per line to ``out``.
 
     Blank lines and ``#`` comments are skipped. A line that does not parse gives
-    ``{"line": N, "error": "..."}``.
+    ``{"line": N, "error": "..."}``; whatever a line holds, the stream goes on and every record
+    written is strict JSON (no ``NaN``/``Infinity``).
 
     Returns:
         tuple[int, int]: (lines parsed, lines with an error).
@@ -37,12 +38,15 @@ def parse_stream(stream: TextIO, out: TextIO) -> tuple[int, int]:
         if not line or line.startswith("#"):
             continue
         try:
-            record = parse_tegrastats_line(line).to_dict()
+            text = json.dumps(parse_tegrastats_line(line).to_dict(), allow_nan=False)
             ok += 1
         except TelemetryError as exc:
-            record = {"line": number, "error": str(exc)}
+            text = json.dumps({"line": number, "error": str(exc)})
             bad += 1
-        out.write(json.dumps(record, sort_keys=False) + "\n")
+        except Exception as exc:  # a parser defect must cost one line, not the other 98,000
+            text = json.dumps({"line": number, "error": f"unreadable line ({type(exc).__name__}: {exc})"[:300]})
+            bad += 1
+        out.write(text + "\n")
     out.flush()
     return ok, bad
 

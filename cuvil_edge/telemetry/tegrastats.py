@@ -19,10 +19,16 @@ Formats seen in recorded lines (``tests/data/tegrastats/`` has them, each with i
 Units follow tegrastats: MB, kB, MHz, °C, mW. Unknown tokens are kept in ``Sample.extra`` and
 never fatal; a line with none of RAM, CPU, EMC, GR3D, a temperature or a rail is not tegrastats
 and raises :class:`~cuvil_edge.errors.TelemetryError`.
+
+Hostile or corrupt lines cost little and never escape: a number beyond ``±1e12`` (or not finite)
+is no reading, so its token lands in ``extra["unparsed"]`` (never ``Infinity`` in the JSON, never
+Python's 4,300-digit ``int`` error); duplicate rail names are numbered in linear time; any other
+``ValueError`` a token raises is contained to that token.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import queue
 import re
@@ -64,9 +70,25 @@ _UNIT_MB = {"kB": 1.0 / 1024.0, "MB": 1.0, "GB": 1024.0}
 _UNIT_KB = {"kB": 1.0, "MB": 1024.0, "GB": 1024.0 * 1024.0}
 
 
+_MAX_READING = 1e12  # larger than any MB, kB, MHz, mW or °C figure a board prints
+_MAX_DIGITS = 16
+
+
 def _num(text: str) -> float:
+    """A reading as int or float; ValueError when absurd (too long, not finite, beyond ±1e12)."""
+    if len(text) > 2 * _MAX_DIGITS:
+        raise ValueError(f"number of {len(text)} characters")
     value = float(text)
+    if not math.isfinite(value) or abs(value) > _MAX_READING:
+        raise ValueError(f"reading out of range: {text}")
     return int(value) if value.is_integer() else value  # type: ignore[return-value]
+
+
+def _count(text: str) -> int:
+    """A non-negative count (``lfb`` blocks); ValueError beyond 16 digits."""
+    if len(text) > _MAX_DIGITS:
+        raise ValueError(f"count of {len(text)} digits")
+    return int(text)
 
 
 def _freqs(text: str) -> list[float | None]:
@@ -147,6 +169,7 @@ def parse_tegrastats_line(line: str, *, now: float | None = None, source: str = 
     unparsed: list[str] = []
     core_fields = 0
     gpc_freqs: list[float | None] = []
+    rail_next: dict[str, int] = {}  # next suffix to try per duplicated rail name (linear time)
     toks = text.split()
     i = 0
     n = len(toks)
@@ -157,120 +180,129 @@ def parse_tegrastats_line(line: str, *, now: float | None = None, source: str = 
     while i < n:
         tok = toks[i]
         nxt = peek()
-        if tok == "RAM" and _USED_TOTAL_RE.match(nxt):
-            used, total, unit, _ = _USED_TOTAL_RE.match(nxt).groups()  # type: ignore[union-attr]
-            sample.ram_used_mb = _num(used) * _UNIT_MB[unit]
-            sample.ram_total_mb = _num(total) * _UNIT_MB[unit]
-            core_fields += 1
-            i += 2
-            if peek(0) == "(lfb":
-                lm = _LFB_RE.match(peek(1))
-                if lm:
-                    sample.lfb_count = int(lm.group(1))
-                    sample.lfb_size_kb = _num(lm.group(2)) * _UNIT_KB[lm.group(3)]
-                    i += 2
-            continue
-        if tok == "SWAP" and _USED_TOTAL_RE.match(nxt):
-            used, total, unit, _ = _USED_TOTAL_RE.match(nxt).groups()  # type: ignore[union-attr]
-            sample.swap_used_mb = _num(used) * _UNIT_MB[unit]
-            sample.swap_total_mb = _num(total) * _UNIT_MB[unit]
-            i += 2
-            if peek(0) == "(cached":
-                sm = _SIZE_RE.match(peek(1))
-                if sm:
-                    extra["swap_cached_mb"] = _num(sm.group(1)) * _UNIT_MB[sm.group(2)]
-                    i += 2
-            continue
-        if tok == "IRAM" and _USED_TOTAL_RE.match(nxt):
-            used, total, unit, rest = _USED_TOTAL_RE.match(nxt).groups()  # type: ignore[union-attr]
-            iram: dict[str, Any] = {"used_kb": _num(used) * _UNIT_KB[unit], "total_kb": _num(total) * _UNIT_KB[unit]}
-            i += 2
-            if rest.startswith("(lfb"):
-                sm = _SIZE_RE.match(peek(0))
-                if sm:
-                    iram["lfb_kb"] = _num(sm.group(1)) * _UNIT_KB[sm.group(2)]
-                    i += 1
-            extra["IRAM"] = iram
-            continue
-        if tok in ("CPU", "cpu") and nxt.startswith("["):  # "cpu" on L4T 28
-            try:
-                sample.cpus = _parse_cpus(nxt)
+        start = i
+        try:
+            if tok == "RAM" and _USED_TOTAL_RE.match(nxt):
+                used, total, unit, _ = _USED_TOTAL_RE.match(nxt).groups()  # type: ignore[union-attr]
+                sample.ram_used_mb = _num(used) * _UNIT_MB[unit]
+                sample.ram_total_mb = _num(total) * _UNIT_MB[unit]
                 core_fields += 1
-            except ValueError:
-                unparsed.extend([tok, nxt])
-            i += 2
-            continue
-        if tok in _ENGINE_ALIASES:
-            tok = _ENGINE_ALIASES[tok]
-            eng = _parse_engine(nxt)
-            if eng is None:
-                unparsed.append(tok)
+                i += 2
+                if peek(0) == "(lfb":
+                    lm = _LFB_RE.match(peek(1))
+                    if lm:
+                        sample.lfb_count = _count(lm.group(1))
+                        sample.lfb_size_kb = _num(lm.group(2)) * _UNIT_KB[lm.group(3)]
+                        i += 2
+                continue
+            if tok == "SWAP" and _USED_TOTAL_RE.match(nxt):
+                used, total, unit, _ = _USED_TOTAL_RE.match(nxt).groups()  # type: ignore[union-attr]
+                sample.swap_used_mb = _num(used) * _UNIT_MB[unit]
+                sample.swap_total_mb = _num(total) * _UNIT_MB[unit]
+                i += 2
+                if peek(0) == "(cached":
+                    sm = _SIZE_RE.match(peek(1))
+                    if sm:
+                        extra["swap_cached_mb"] = _num(sm.group(1)) * _UNIT_MB[sm.group(2)]
+                        i += 2
+                continue
+            if tok == "IRAM" and _USED_TOTAL_RE.match(nxt):
+                used, total, unit, rest = _USED_TOTAL_RE.match(nxt).groups()  # type: ignore[union-attr]
+                iram: dict[str, Any] = {"used_kb": _num(used) * _UNIT_KB[unit], "total_kb": _num(total) * _UNIT_KB[unit]}
+                i += 2
+                if rest.startswith("(lfb"):
+                    sm = _SIZE_RE.match(peek(0))
+                    if sm:
+                        iram["lfb_kb"] = _num(sm.group(1)) * _UNIT_KB[sm.group(2)]
+                        i += 1
+                extra["IRAM"] = iram
+                continue
+            if tok in ("CPU", "cpu") and nxt.startswith("["):  # "cpu" on L4T 28
+                try:
+                    sample.cpus = _parse_cpus(nxt)
+                    core_fields += 1
+                except ValueError:
+                    unparsed.extend([tok, nxt])
+                i += 2
+                continue
+            if tok in _ENGINE_ALIASES:
+                tok = _ENGINE_ALIASES[tok]
+                eng = _parse_engine(nxt)
+                if eng is None:
+                    unparsed.append(tok)
+                    i += 1
+                    continue
+                util, freq, gpcs = eng
+                if tok == "EMC_FREQ":
+                    sample.emc_util_pct, sample.emc_freq_mhz = util, freq
+                else:
+                    if tok == "GR3D_FREQ" or sample.gpu_util_pct is None:
+                        sample.gpu_util_pct = util if tok == "GR3D_FREQ" else sample.gpu_util_pct
+                    if gpcs is not None:
+                        gpc_freqs.extend(gpcs)
+                    elif freq is not None:
+                        gpc_freqs.append(freq)
+                    if tok == "GR3D2_FREQ":
+                        extra["GR3D2_FREQ"] = nxt
+                core_fields += 1
+                i += 2
+                continue
+            if tok == "MTS" and nxt == "fg" and i + 4 < n + 1:
+                extra["MTS"] = {"fg": peek(2), "bg": peek(4)}
+                i += 5
+                continue
+            tm = _TEMP_RE.match(tok)
+            if tm:
+                name, cur, peak = tm.group(1), float(_num(tm.group(2))), tm.group(3)
+                if cur <= _OFF_TEMP_C:
+                    extra.setdefault("temps_off", []).append(name)
+                else:
+                    sample.temps_c[name] = cur
+                    if peak is not None:
+                        extra.setdefault("temps_max_c", {})[name] = float(_num(peak))
+                core_fields += 1
                 i += 1
                 continue
-            util, freq, gpcs = eng
-            if tok == "EMC_FREQ":
-                sample.emc_util_pct, sample.emc_freq_mhz = util, freq
-            else:
-                if tok == "GR3D_FREQ" or sample.gpu_util_pct is None:
-                    sample.gpu_util_pct = util if tok == "GR3D_FREQ" else sample.gpu_util_pct
-                if gpcs is not None:
-                    gpc_freqs.extend(gpcs)
-                elif freq is not None:
-                    gpc_freqs.append(freq)
-                if tok == "GR3D2_FREQ":
-                    extra["GR3D2_FREQ"] = nxt
-            core_fields += 1
-            i += 2
-            continue
-        if tok == "MTS" and nxt == "fg" and i + 4 < n + 1:
-            extra["MTS"] = {"fg": peek(2), "bg": peek(4)}
-            i += 5
-            continue
-        tm = _TEMP_RE.match(tok)
-        if tm:
-            name, cur, peak = tm.group(1), float(tm.group(2)), tm.group(3)
-            if cur <= _OFF_TEMP_C:
-                extra.setdefault("temps_off", []).append(name)
-            else:
-                sample.temps_c[name] = cur
-                if peak is not None:
-                    extra.setdefault("temps_max_c", {})[name] = float(peak)
-            core_fields += 1
+            if _NAME_RE.match(tok) and nxt:
+                rm = _RAIL_RE.match(nxt)
+                if rm:
+                    rail = tok
+                    if rail in sample.power_mw:  # duplicated rail names ("NC 0mW/0mW" twice on Orin)
+                        k = rail_next.get(tok, 2)
+                        while f"{tok}_{k}" in sample.power_mw:
+                            k += 1
+                        rail_next[tok] = k + 1
+                        rail = f"{tok}_{k}"
+                    cur_mw, avg_mw = _num(rm.group(1)), _num(rm.group(2))
+                    max_mw = _num(rm.group(3)) if rm.group(3) is not None else None
+                    sample.power_mw[rail] = {"cur": cur_mw, "avg": avg_mw}
+                    if max_mw is not None:
+                        extra.setdefault("power_max_mw", {})[rail] = max_mw
+                    core_fields += 1
+                    i += 2
+                    continue
+                if _VALUE_RE.match(nxt):
+                    eng = _parse_engine(nxt)
+                    if eng is not None and (eng[0] is not None or eng[1] is not None):
+                        util, freq, gpcs = eng
+                        val: Any = {"util_pct": util, "freq_mhz": freq}
+                        if util is None and gpcs is None:
+                            val = freq
+                        elif gpcs is not None:
+                            val["gpc_freq_mhz"] = gpcs
+                    elif re.fullmatch(r"-?\d+(?:\.\d+)?", nxt):
+                        val = _num(nxt)
+                    else:
+                        val = nxt
+                    extra[tok] = val
+                    i += 2
+                    continue
+            unparsed.append(tok)
             i += 1
-            continue
-        if _NAME_RE.match(tok) and nxt:
-            rm = _RAIL_RE.match(nxt)
-            if rm:
-                rail = tok
-                if rail in sample.power_mw:  # duplicated rail names ("NC 0mW/0mW" twice on Orin)
-                    k = 2
-                    while f"{tok}_{k}" in sample.power_mw:
-                        k += 1
-                    rail = f"{tok}_{k}"
-                sample.power_mw[rail] = {"cur": _num(rm.group(1)), "avg": _num(rm.group(2))}
-                if rm.group(3) is not None:
-                    extra.setdefault("power_max_mw", {})[rail] = _num(rm.group(3))
-                core_fields += 1
-                i += 2
-                continue
-            if _VALUE_RE.match(nxt):
-                eng = _parse_engine(nxt)
-                if eng is not None and (eng[0] is not None or eng[1] is not None):
-                    util, freq, gpcs = eng
-                    val: Any = {"util_pct": util, "freq_mhz": freq}
-                    if util is None and gpcs is None:
-                        val = freq
-                    elif gpcs is not None:
-                        val["gpc_freq_mhz"] = gpcs
-                elif re.fullmatch(r"-?\d+(?:\.\d+)?", nxt):
-                    val = _num(nxt)
-                else:
-                    val = nxt
-                extra[tok] = val
-                i += 2
-                continue
-        unparsed.append(tok)
-        i += 1
+        except (ValueError, OverflowError):
+            # An absurd number in this token: no reading; the rest of the line still parses.
+            unparsed.append(tok)
+            i = start + 1
 
     if gpc_freqs:
         known = [f for f in gpc_freqs if f is not None]

@@ -338,7 +338,7 @@ def test_signed_bundle_verified_before_serving(tmp_path, digits_model, digits_da
                                  "sample/expected.npz": npz(logits=want)}, sec)
     root = tmp_path / "store"
     root.mkdir()
-    assert BundleStore(root).install(cvb) == ("digits", "3.0.0")
+    assert BundleStore(root).install(cvb, public_key=pub) == ("digits", "3.0.0")
     d = daemon_factory(root, "--pub", str(pub))
     assert d.client().get_model_metadata("digits")["versions"] == ["3.0.0"]
     # Tamper with the served model: a reload refuses it and 3.0.0 keeps serving from memory.
@@ -358,9 +358,11 @@ def test_store_layout_helpers(tmp_path: Path, digits_model, bundle_maker):
     (tmp_path / "s").mkdir()
     bs.check()
     assert bs.names() == []
-    bs.install(bundle_maker(tmp_path / "a", digits_model, "digits", "1.0.0"), make_current=False)
+    bs.install(bundle_maker(tmp_path / "a", digits_model, "digits", "1.0.0"), make_current=False,
+               allow_unsigned=True)
     assert bs.current("digits") == "1.0.0"  # the only version, no link needed
-    bs.install(bundle_maker(tmp_path / "b", digits_model, "digits", "1.1.0"), make_current=False)
+    bs.install(bundle_maker(tmp_path / "b", digits_model, "digits", "1.1.0"), make_current=False,
+               allow_unsigned=True)
     with pytest.raises(DaemonError, match="several versions and no 'current' link"):
         bs.path("digits")
     bs.set_current("digits", "1.1.0")
