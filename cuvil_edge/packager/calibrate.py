@@ -27,12 +27,16 @@ import onnx
 from cuvil_edge.errors import QuantizationError
 from cuvil_edge.packager.data import Dataset
 
-__all__ = ["HISTOGRAM_BINS", "RangeCollector", "TensorStats", "collect_ranges"]
+__all__ = ["DEFAULT_PERCENTILE", "HISTOGRAM_BINS", "RangeCollector", "TensorStats", "collect_ranges"]
 
 # Signed bins over [-R, R]: 2048 bins of |x| for the percentile, as ONNX Runtime's default.
 HISTOGRAM_BINS = 4096
 # Values a tensor's histogram reads per batch (min and max always read every value).
 HISTOGRAM_CAP = 1 << 20
+# Percentile of |x| kept by the default method. On EfficientNet-Lite0's 500 held-out photo crops
+# (TensorRT form, pure INT8) 99.99 gave top-5 containment 0.996 and mean KL 0.036, 99.999 0.994 and
+# 0.038, 99.995 0.996 and 0.036, 99.9 0.990 and 0.24 (it clips real activations); mse 0.990.
+DEFAULT_PERCENTILE = 99.99
 # Entropy (KL) calibration works on ONNX Runtime's default of 128 bins (more clipped ReLU6 outputs).
 ENTROPY_BINS = 128
 ENTROPY_QUANTIZED_BINS = 128
@@ -68,7 +72,7 @@ class TensorStats:
         if flat.size > HISTOGRAM_CAP:
             # Min and max above are exact; the histogram reads an even stride of at most
             # HISTOGRAM_CAP values a batch (EfficientNet's first activations hold 400k values a
-            # sample), which keeps ~100 values beyond a 99.999 percentile over 16 batches.
+            # sample), which keeps ~1,600 values beyond a 99.99 percentile over 16 batches.
             flat = flat[:: -(-flat.size // HISTOGRAM_CAP)]
         idx = ((flat + np.float32(self.limit)) * np.float32(self.bins / (2 * self.limit))).astype(np.int32)
         np.clip(idx, 0, self.bins - 1, out=idx)
@@ -172,10 +176,11 @@ class RangeCollector:
     def add(self, name: str, values: np.ndarray) -> None:
         self.stats.setdefault(name, TensorStats(self.bins)).add(values)
 
-    def ranges(self, method: str, symmetric: bool, percentile: float = 99.999) -> dict[str, tuple[float, float]]:
+    def ranges(self, method: str, symmetric: bool, percentile: float = DEFAULT_PERCENTILE
+               ) -> dict[str, tuple[float, float]]:
         return {name: s.range(method, symmetric, percentile) for name, s in self.stats.items()}
 
-    def tensors_data(self, method: str, symmetric: bool, percentile: float = 99.999) -> Any:
+    def tensors_data(self, method: str, symmetric: bool, percentile: float = DEFAULT_PERCENTILE) -> Any:
         """The ranges as ONNX Runtime's ``TensorsData`` (what its calibration cache holds)."""
         from onnxruntime.quantization.calibrate import CalibrationMethod, TensorData, TensorsData
 

@@ -158,7 +158,7 @@ class Quantizer:
         model (onnx.ModelProto): the FP32 model (upgraded to opset 13 if older).
         runtime_format (str): ``tensorrt`` (symmetric Q/DQ, float biases) or ``ort-cpu``.
         calibration (Dataset): calibration samples (any count, any per-sample shapes).
-        method (str): ``percentile`` (default; best here), ``minmax`` or ``entropy``.
+        method (str): ``percentile`` (99.99, default; best here), ``mse``, ``minmax`` or ``entropy``.
         bias_correction (bool): subtract each quantized Conv's mean output shift from its bias
             (see ``bias_correction.py``); on by default.
         arch (str): the target CPU architecture (chooses the ``ort-cpu`` INT8 form, see ``int8_form``).
@@ -170,8 +170,8 @@ class Quantizer:
                  arch: str = "aarch64") -> None:
         if runtime_format not in ("tensorrt", "ort-cpu"):
             raise QuantizationError(f"unknown runtime format '{runtime_format}'")
-        if method not in ("percentile", "minmax", "entropy"):
-            raise QuantizationError(f"unknown calibration method '{method}' (percentile, minmax or entropy)")
+        if method not in ("percentile", "mse", "minmax", "entropy"):
+            raise QuantizationError(f"unknown calibration method '{method}' (percentile, mse, minmax or entropy)")
         if len(calibration) == 0:
             raise QuantizationError("no calibration samples")
         self.model = upgrade_opset(model)
@@ -230,7 +230,7 @@ class Quantizer:
         convs = [n for n in prepared.graph.node if n.op_type == "Conv" and n.name] if self.bias_correction else []
         collector = collect_ranges(prepared, self.calibration, on_batch=lambda d, t: self._bar("calibrating", d, t),
                                    channel_means_of={n.input[0] for n in convs})
-        save_tensors_data(collector.tensors_data(self.method, self.form.symmetric_activations, 99.999), self._cache)
+        save_tensors_data(collector.tensors_data(self.method, self.form.symmetric_activations), self._cache)
         means = collector.channel_means()
         self._bias_reference = (prepared, {n.name: means[n.input[0]] for n in convs if n.input[0] in means})
 
@@ -239,6 +239,7 @@ class Quantizer:
 
         methods = {
             "percentile": CalibrationMethod.Percentile,
+            "mse": CalibrationMethod.Percentile,  # our ranges travel in ONNX Runtime's cache as "Percentile"
             "minmax": CalibrationMethod.MinMax,
             "entropy": CalibrationMethod.Entropy,
         }

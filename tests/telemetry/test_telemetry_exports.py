@@ -16,6 +16,7 @@ TELEMETRY = {
     "TelemetrySource", "expand_spec", "load_log", "open_source", "parse_tegrastats_line", "sample_from_jtop",
 }
 SCHEDULER = {
+    "KernelMemory",
     "MemoryBudgetError", "MemoryScheduler", "PlacementPolicy", "PrefetchController", "PrefetchDecision",
     "PressureLevel", "PressureThresholds", "Reservation", "placement_policy",
 }
