@@ -677,6 +677,13 @@ class GrpcFrontend:
             if not done.done():
                 done.set_result(p)
 
+        # The HTTP side's cap on request bytes held at once (--max-buffered-mb) counts gRPC messages
+        # too, from arrival to answer; beyond it the call is refused with a retry hint.
+        size = 0 if isinstance(req, _Malformed) else req.ByteSize()
+        if not self.state.reserve(size):
+            self.state.refused["buffered"] = self.state.refused.get("buffered", 0) + 1
+            self.count("ModelInfer", grpc.StatusCode.RESOURCE_EXHAUSTED)
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, _BUFFERED_FULL, (("retry-after", "1"),))
         self.state.inflight += 1
         try:
             try:
@@ -698,6 +705,7 @@ class GrpcFrontend:
             return body  # type: ignore[return-value]
         finally:
             self.state.inflight -= 1
+            self.state.release(size)
 
     async def model_stream_infer(self, requests: AsyncIterator[Any],
                                  context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
@@ -718,7 +726,9 @@ class GrpcFrontend:
         outstanding = 0
 
         def deliver(p: Pending) -> None:
-            held[0] -= live.pop(p, 0)
+            size = live.pop(p, 0)
+            held[0] -= size
+            self.state.release(size)
             room.set()
             body, failure = self._finish(p)
             if failure is not None:
@@ -736,6 +746,13 @@ class GrpcFrontend:
                     while live and (len(live) >= STREAM_MAX_INFLIGHT or held[0] + size > STREAM_MAX_BYTES):
                         room.clear()
                         await room.wait()
+                    if not self.state.reserve(size):  # --max-buffered-mb, shared with HTTP
+                        self.state.refused["buffered"] = self.state.refused.get("buffered", 0) + 1
+                        self.count("ModelStreamInfer", grpc.StatusCode.RESOURCE_EXHAUSTED)
+                        outstanding += 1
+                        self.state.inflight += 1
+                        answers.put_nowait(pb.ModelStreamInferResponse(error_message=_BUFFERED_FULL).SerializeToString())
+                        continue
                     outstanding += 1
                     self.state.inflight += 1
                     try:
@@ -743,6 +760,7 @@ class GrpcFrontend:
                         live[self._submit(req, deliver, time.perf_counter())] = size
                         held[0] += size
                     except RpcFailure as exc:
+                        self.state.release(size)
                         self.count("ModelStreamInfer", exc.code)
                         answers.put_nowait(pb.ModelStreamInferResponse(error_message=str(exc)).SerializeToString())
             finally:
@@ -763,8 +781,10 @@ class GrpcFrontend:
             reader.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await reader
-            for p in live:
+            for p, size in live.items():
                 p.cancelled = True
+                self.state.release(size)
+            live.clear()  # a late deliver() finds nothing to release twice
             if outstanding:
                 self.state.inflight -= outstanding
                 self.state.client_gone += outstanding
@@ -779,6 +799,7 @@ class GrpcFrontend:
 
 
 _UNAUTHENTICATED = "missing or wrong bearer token: send metadata 'authorization: Bearer <token>'"
+_BUFFERED_FULL = "the daemon holds its limit of request bytes already (--max-buffered-mb); retry later"
 
 
 class _Handlers(grpc.GenericRpcHandler):

@@ -221,3 +221,41 @@ def test_shared_memory_can_be_turned_off(store, daemon_factory):
     h = d.client()
     with pytest.raises(InferenceServerException, match="system shared memory is not enabled"):
         h.register_system_shared_memory("r", "/whatever", 16)
+
+
+def test_grpc_messages_count_against_the_buffered_bytes_cap_shared_with_http(store, daemon_factory):
+    """--max-buffered-mb bounds request bytes held by HTTP and gRPC together: while an HTTP client holds
+    most of it, a gRPC call that would pass the cap is RESOURCE_EXHAUSTED with a retry hint."""
+    d = daemon_factory(store, "--max-body-mb", "2", "--max-buffered-mb", "2")
+    host, port = d.url.replace("http://", "").rsplit(":", 1)
+    held = socket.create_connection((host, int(port)), timeout=10)
+    try:
+        # Announce 1.5 MiB and send a little: the HTTP side reserves the announced length.
+        held.sendall(b"POST /v2/models/digits/infer HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: 1572864\r\n\r\n{")
+        req = _request(np.zeros((1, 1, 8, 8), np.float32))
+        req.raw_input_contents.append(b"\0" * (1 << 20))  # 1 MiB more than the input needs
+        with grpc.insecure_channel(d.grpc_url) as ch:
+            stub = GRPCInferenceServiceStub(ch)
+            deadline = time.monotonic() + 30
+            while True:  # until the HTTP side has read the headers and reserved
+                with pytest.raises(grpc.RpcError) as refused:
+                    stub.ModelInfer(req, timeout=30)
+                if refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED or time.monotonic() > deadline:
+                    break
+                time.sleep(0.2)
+            assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, refused.value.details()
+            assert "--max-buffered-mb" in refused.value.details()
+            assert dict(refused.value.trailing_metadata() or ()).get("retry-after") == "1"
+            held.close()
+            deadline = time.monotonic() + 30
+            while True:  # released: the same call now reaches the decoder (and is refused for its shape)
+                with pytest.raises(grpc.RpcError) as after:
+                    stub.ModelInfer(req, timeout=30)
+                if after.value.code() != grpc.StatusCode.RESOURCE_EXHAUSTED or time.monotonic() > deadline:
+                    break
+                time.sleep(0.2)
+            assert after.value.code() == grpc.StatusCode.INVALID_ARGUMENT, after.value.details()
+            assert stub.ServerLive(pb.ServerLiveRequest(), timeout=30).live
+    finally:
+        held.close()
