@@ -55,8 +55,9 @@ class Layer:
 LAYERS: tuple[Layer, ...] = (
     Layer("entry", ("cli", "demo"),
           "commands a user runs; each is a thin call into a module below"),
-    Layer("client", ("loadgen",),
-          "a KServe load generator that starts the daemon as a process and measures it (tritonclient)"),
+    Layer("client", ("loadgen", "top"),
+          "clients of the daemon: a KServe load generator that starts the daemon as a process and "
+          "measures it (tritonclient), and top, a live view of running daemons"),
     Layer("jobs", ("packager", "deploy", "daemon"),
           "the host's packager, deploy between host and boards, the board's daemon; independent of "
           "each other, so a board install carries none of the host's tools"),
@@ -66,8 +67,8 @@ LAYERS: tuple[Layer, ...] = (
           "what host and board agree on: the bundle format, recipes, the built-in models"),
     Layer("platform", ("targets", "sve", "trt_plugins"),
           "board profiles, the C kernels and TensorRT plugins"),
-    Layer("foundation", ("errors", "_atomic", "_toml", "_progress", "_console", "_layers", PACKAGE),
-          "the error tree, atomic writes, TOML, consoles and progress", sideways=True),
+    Layer("foundation", ("errors", "_atomic", "_toml", "_progress", "_console", "_cache", "_layers", PACKAGE),
+          "the error tree, atomic writes, TOML, consoles and progress, the host cache directory", sideways=True),
 )
 
 # Known upward imports, each with the reason it is tolerated. The test fails on any import that

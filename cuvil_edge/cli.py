@@ -67,10 +67,21 @@ def targets_cmd(
     print_table(table)
 
 
+def _build_on_devices(*args: object, **kwargs: object) -> None:
+    """``engine build --on``: the packager's engine command hands its host side to deploy here,
+    in the entry layer, so neither job imports the other (loaded only when --on is given)."""
+    from cuvil_edge.deploy.engines_cli import build_on_devices
+
+    build_on_devices(*args, **kwargs)
+
+
 def _register_all() -> None:
     for name in _COMMAND_MODULES:
         module = importlib.import_module(name)
-        module.register(app)
+        if name == "cuvil_edge.packager.engine_cli":
+            module.register(app, build_on_devices=_build_on_devices)
+        else:
+            module.register(app)
 
 
 _register_all()

@@ -8,6 +8,8 @@ traceback::
     ├── TargetError          unknown board, bad board data
     ├── RecipeError          bad recipe file or field
     ├── ModelError           not an ONNX file, truncated, fails the checker
+    │   ├── EngineError              bundle/engine_store.py: no key for this device, wrong model, corrupt plan
+    │   └── BuildStopped             packager/engine_device.py: a device build stopped by a signal
     ├── DataError            calibration/evaluation data missing, empty or of the wrong shape
     ├── QuantizationError    quantization could not produce a model
     ├── AccuracyError        the quantized model missed the recipe's accuracy goal
@@ -22,14 +24,19 @@ traceback::
     │   ├── UnknownModel             daemon/models.py: no such model or version being served
     │   ├── MemoryBudgetError        daemon/scheduler/memory.py: over the memory budget
     │   ├── SharedMemoryError        daemon/shm.py: a shared-memory request the client must fix
+    │   ├── JsonRefused              daemon/limits.py: a JSON body refused (too big, deep, malformed); also a ValueError
     │   └── RpcFailure               daemon/grpc_server.py: an RPC answered with a gRPC error status
     ├── DeployError          transport, device check, health gate, rollback
     │   ├── Unreachable              deploy/transport.py: network, auth or host key
     │   ├── CorruptUpload            deploy/upload.py: the upload's sha256 did not match
     │   ├── DeviceBusy               deploy/layout.py: another deploy holds the device lock
+    │   │   └── DeviceActivating     deploy/layout.py: the device's own deploy step holds the lock
+    │   ├── LockBusy                 deploy/activate.py: the device side finds the lock held
     │   ├── IncompatibleDevice       deploy/probe.py: bundle built for another board or release
     │   └── _HTTPFailure             deploy/health.py: the daemon did not answer (private)
     ├── TensorRTMissing      runtime/trt.py: TensorRT or pycuda not importable here
+    ├── _NoCuda              runtime/buffers.py: pycuda or a CUDA device missing (private: pageable fallback)
+    ├── TopError             top.py: a daemon cannot be read (unreachable, refused, not cuvil-edged)
     └── ClientMissing        loadgen.py: tritonclient not installed (the client extra)
 
 The leaves marked with a module live beside the code that raises them and are importable from

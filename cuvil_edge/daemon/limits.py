@@ -25,6 +25,8 @@ from typing import Any
 
 import numpy as np
 
+from cuvil_edge.errors import DaemonError
+
 __all__ = [
     "JsonRefused",
     "Limits",
@@ -67,7 +69,7 @@ class Limits:
     request_timeout: float = 60.0
 
 
-class JsonRefused(ValueError):
+class JsonRefused(DaemonError, ValueError):
     """A JSON document was refused before or while parsing; ``status`` is the HTTP code."""
 
     def __init__(self, message: str, status: int = 400) -> None:

@@ -50,6 +50,7 @@ from cuvil_edge.bundle.activation import (
     write_state,
 )
 from cuvil_edge.bundle.activation import boot_id as _boot_id
+from cuvil_edge.errors import DeployError
 
 __all__ = ["ActivateRequest", "LockBusy", "launch", "release_lock", "run_activate", "take_lock", "wait_outcome"]
 
@@ -107,7 +108,7 @@ class ActivateRequest:
 # ---------------------------------------------------------------------------------------------- lock
 
 
-class LockBusy(Exception):
+class LockBusy(DeployError):
     """Another deploy holds the device lock."""
 
 

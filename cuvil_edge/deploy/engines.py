@@ -3,7 +3,7 @@
 :func:`ensure_engine` gives one device the engine of one bundle:
 
 1. probe the device over SSH and derive its engine key (L4T, TensorRT, SM of its board, DLA core:
-   :func:`~cuvil_edge.packager.engine_store.key_for_facts`);
+   :func:`~cuvil_edge.bundle.engine_store.key_for_facts`);
 2. pick the bundle's build plan for that key (the host verified the bundle first);
 3. if the device's engine store already holds a verified engine for that key and model: nothing
    to do (``present``);
@@ -33,10 +33,9 @@ from typing import Any
 
 import asyncssh
 
-from cuvil_edge.deploy.transport import DeviceAddress, SSHTransport
-from cuvil_edge.errors import DeployError
-from cuvil_edge.packager.engine import EngineKey, validate_plan
-from cuvil_edge.packager.engine_store import (
+from cuvil_edge.bundle.engine_key import EngineKey
+from cuvil_edge.bundle.engine_plan import validate_plan
+from cuvil_edge.bundle.engine_store import (
     EngineError,
     EngineRecord,
     EngineStore,
@@ -45,6 +44,8 @@ from cuvil_edge.packager.engine_store import (
     plan_matches_key,
     sha256_bytes,
 )
+from cuvil_edge.deploy.transport import DeviceAddress, SSHTransport
+from cuvil_edge.errors import DeployError
 
 __all__ = ["BundleEngineSource", "EngineOutcome", "choose_plan", "ensure_engine", "ensure_engines"]
 

@@ -22,7 +22,7 @@ def run_engine_builds(source: Any, devices: list[Any], *, as_json: bool = False,
     from rich.markup import escape
     from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-    from cuvil_edge.cli import console, err_console
+    from cuvil_edge._console import console, err_console
     from cuvil_edge.deploy.engines import ensure_engine
     from cuvil_edge.deploy.transport import run_sync
 
@@ -56,7 +56,7 @@ def run_engine_builds(source: Any, devices: list[Any], *, as_json: bool = False,
 def print_outcomes(outcomes: list[Any], title: str) -> None:
     from rich.table import Table
 
-    from cuvil_edge.cli import console
+    from cuvil_edge._console import console
 
     t = Table(title=title)
     for col in ("device", "status", "engine key", "builder", "builds", "sent", "received", "s", "reason"):
@@ -88,7 +88,7 @@ def build_on_devices(
     as_json: bool,
 ) -> None:
     """``cuvil-edge engine build --on DEVICE... BUNDLE``: see that command's help."""
-    from cuvil_edge.cli import console, err_console
+    from cuvil_edge._console import console, err_console
     from cuvil_edge.deploy.engines import BundleEngineSource
     from cuvil_edge.errors import DeployError
 

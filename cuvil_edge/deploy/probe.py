@@ -5,18 +5,27 @@ real board): ``/proc/sys/kernel/arch`` (else the running kernel's, else ``uname 
 ``/proc/meminfo``, ``/etc/nv_tegra_release`` (L4T) and the dpkg database (``tensorrt`` /
 ``libnvinfer*`` packages). Reading through a root lets tests give a loopback device the files
 of a board we lack.
+
+The facts themselves and the local reading (:mod:`cuvil_edge.bundle.device_facts`) are shared with
+the board's runtime and engine builder, so they live below deploy; this module reads them over SSH
+and checks a bundle against them, and re-exports the shared names.
 """
 
 from __future__ import annotations
 
-import os
 import re
-from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from cuvil_edge.bundle.device_facts import (
+    DeviceFacts,
+    parse_dpkg_status,
+    parse_nv_tegra_release,
+    probe_local,
+    profile_from_model,
+)
 from cuvil_edge.deploy.transport import SSHTransport
 from cuvil_edge.errors import DeployError
-from cuvil_edge.targets import get_target, profile_for_device_tree
+from cuvil_edge.targets import get_target
 
 __all__ = ["DeviceFacts", "IncompatibleDevice", "check_compatible", "parse_dpkg_status", "probe_local",
            "parse_nv_tegra_release", "probe_device", "profile_from_model"]
@@ -24,71 +33,6 @@ __all__ = ["DeviceFacts", "IncompatibleDevice", "check_compatible", "parse_dpkg_
 
 class IncompatibleDevice(DeployError):
     """The bundle was built for another architecture, board or JetPack release than the device's."""
-
-
-@dataclass
-class DeviceFacts:
-    """Hardware and software facts of one device; a fact the device does not show is None."""
-
-    arch: str
-    model: str | None = None
-    profile: str | None = None
-    l4t: str | None = None
-    tensorrt: str | None = None
-    ram_mb: int | None = None
-    notes: list[str] = field(default_factory=list)
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-_L4T_RE = re.compile(r"#\s*R(\d+)\s*\(release\),\s*REVISION:\s*([0-9.]+)")
-
-
-def parse_nv_tegra_release(text: str) -> str | None:
-    """``# R36 (release), REVISION: 4.3, ...`` → ``36.4.3``; None when the line is not there."""
-    m = _L4T_RE.search(text)
-    if not m:
-        return None
-    return f"{m.group(1)}.{m.group(2)}"
-
-
-def parse_dpkg_status(text: str) -> str | None:
-    """TensorRT version (``10.3.0``) from a dpkg status database, or None when not installed.
-
-    Looks for the ``tensorrt`` meta package first, then ``libnvinfer<major>``/``libnvinfer-bin``,
-    counting only packages whose status is ``install ok installed``.
-    """
-    found: dict[str, str] = {}
-    for para in text.split("\n\n"):
-        fields: dict[str, str] = {}
-        for line in para.splitlines():
-            if ":" in line and not line.startswith(" "):
-                k, _, v = line.partition(":")
-                fields[k.strip()] = v.strip()
-        pkg = fields.get("Package", "")
-        if fields.get("Status", "").endswith("installed") and "not-installed" not in fields.get("Status", ""):
-            if pkg == "tensorrt" or re.fullmatch(r"libnvinfer\d*|libnvinfer-bin", pkg):
-                found[pkg] = fields.get("Version", "")
-    for pkg in ["tensorrt", *sorted(k for k in found if k != "tensorrt")]:
-        version = found.get(pkg)
-        if version:
-            m = re.match(r"(\d+)\.(\d+)\.(\d+)", version)
-            if m:
-                return ".".join(m.groups())
-    return None
-
-
-def profile_from_model(model: str | None, arch: str, ram_mb: int | None) -> str | None:
-    """Board profile name from the device tree model string (``device_tree_model`` in the board
-    profiles), architecture and RAM."""
-    if model and (name := profile_for_device_tree(model, ram_mb)):
-        return name
-    if arch == "x86_64":
-        return "x86-host"
-    if arch == "aarch64":
-        return "generic-arm64"
-    return None
 
 
 async def probe_device(tr: SSHTransport) -> DeviceFacts:
@@ -196,35 +140,3 @@ def check_compatible(manifest: Any, facts: DeviceFacts, label: str = "device") -
             f"{facts.tensorrt}; package for the device's JetPack release or upgrade the device"
         )
     return notes
-
-
-def probe_local(root: str = "/") -> DeviceFacts:
-    """The facts of the machine this runs on (the device side of the Ansible role)."""
-    import platform
-
-    def read(rel: str) -> bytes | None:
-        try:
-            with open(os.path.join(root, rel), "rb") as f:
-                return f.read()
-        except OSError:
-            return None
-
-    raw_arch = read("proc/sys/kernel/arch")
-    arch = raw_arch.decode(errors="replace").strip() if raw_arch and raw_arch.strip() else platform.machine()
-    facts = DeviceFacts(arch="aarch64" if arch == "arm64" else arch)
-    model = read("proc/device-tree/model")
-    if model:
-        facts.model = model.rstrip(b"\x00\n").decode(errors="replace")
-    meminfo = read("proc/meminfo")
-    m = re.search(rb"MemTotal:\s+(\d+)\s*kB", meminfo or b"")
-    if m:
-        facts.ram_mb = int(m.group(1)) // 1024
-    rel = read("etc/nv_tegra_release")
-    if rel:
-        facts.l4t = parse_nv_tegra_release(rel.decode(errors="replace"))
-    status = read("var/lib/dpkg/status")
-    if status:
-        facts.tensorrt = parse_dpkg_status(status.decode(errors="replace"))
-    facts.profile = profile_from_model(facts.model, facts.arch, facts.ram_mb)
-    return facts
-

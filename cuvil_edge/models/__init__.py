@@ -7,25 +7,17 @@
 from __future__ import annotations
 
 import hashlib
-import os
 from pathlib import Path
 
 import onnx
 
 from cuvil_edge._atomic import atomic_write_bytes
+from cuvil_edge._cache import cache_dir
 
 __all__ = ["build_digits_cnn", "build_efficientnet_lite0", "cache_dir"]
 
 # Bump when a builder's output changes, so caches rebuild.
 _BUILDER_VERSION = "1"
-
-
-def cache_dir() -> Path:
-    """``$CUVIL_EDGE_CACHE`` or ``~/.cache/cuvil-edge``."""
-    root = os.environ.get("CUVIL_EDGE_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "cuvil-edge"
-    )
-    return Path(root)
 
 
 def _save(model: onnx.ModelProto, path: Path) -> Path:

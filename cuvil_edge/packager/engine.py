@@ -27,13 +27,13 @@ Built engines live outside the bundle, in an engine store keyed the same way
 from __future__ import annotations
 
 import hashlib
-import json
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from cuvil_edge._atomic import atomic_write_bytes
+from cuvil_edge.bundle.engine_key import EngineKey, engine_cache_key
+from cuvil_edge.bundle.engine_plan import PLAN_FORMAT, load_plan, validate_plan
 from cuvil_edge.errors import ModelError, RecipeError
 from cuvil_edge.targets import JetPackRelease, Target
 
@@ -51,7 +51,6 @@ __all__ = [
     "workspace_bytes",
 ]
 
-PLAN_FORMAT = "cuvil-engine-plan/1"
 PRECISIONS = ("fp32", "fp16", "int8", "mixed")
 _MIB = 1 << 20
 _GIB = 1 << 30
@@ -65,65 +64,6 @@ def _mm(version: str) -> tuple[int, int]:
 
 
 # ------------------------------------------------------------------------------------ keys
-
-
-@dataclass(frozen=True)
-class EngineKey:
-    """What an engine is only valid for: L4T release, TensorRT version, GPU SM, DLA core.
-
-    ``str(key)`` is the slug ``l4t-<l4t>_trt-<tensorrt>_sm<sm>_dla<core|none>``; engines are
-    stored as ``engines/<slug>.engine`` in a bundle and under ``<cache>/<slug>/`` on a host.
-    """
-
-    l4t: str
-    tensorrt: str
-    sm: str
-    dla_core: int | None = None
-
-    @property
-    def slug(self) -> str:
-        dla = "none" if self.dla_core is None else str(self.dla_core)
-        return f"l4t-{self.l4t}_trt-{self.tensorrt}_sm{self.sm}_dla{dla}"
-
-    @property
-    def filename(self) -> str:
-        return f"{self.slug}.engine"
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"l4t": self.l4t, "tensorrt": self.tensorrt, "sm": self.sm, "dla_core": self.dla_core}
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> EngineKey:
-        try:
-            core = data.get("dla_core")
-            return engine_cache_key(str(data["l4t"]), str(data["tensorrt"]), str(data["sm"]),
-                                    None if core is None else int(core))
-        except KeyError as exc:
-            raise ModelError(f"engine key {dict(data)!r} lacks field {exc}") from exc
-
-    def __str__(self) -> str:
-        return self.slug
-
-
-def engine_cache_key(l4t: str, tensorrt: str, sm: str, dla_core: int | None = None) -> EngineKey:
-    """The key of an engine built by TensorRT ``tensorrt`` on L4T ``l4t`` for SM ``sm``.
-
-    Args:
-        l4t (str): L4T release, e.g. ``"36.4.3"``.
-        tensorrt (str): TensorRT version, e.g. ``"10.3.0"``.
-        sm (str): GPU compute capability, e.g. ``"8.7"``.
-        dla_core (int | None): DLA core the engine targets, None for the GPU. Defaults to None.
-
-    Raises:
-        ModelError: an empty or malformed part (it would make an ambiguous file name).
-    """
-    for field_name, value in (("l4t", l4t), ("tensorrt", tensorrt), ("sm", sm)):
-        text = str(value).strip()
-        if not text or any(ch in text for ch in "/_ \\") or text in (".", ".."):
-            raise ModelError(f"engine key field {field_name}={value!r} must be a non-empty version string")
-    if dla_core is not None and (not isinstance(dla_core, int) or dla_core < 0):
-        raise ModelError(f"engine key dla_core={dla_core!r} must be a core number >= 0 or None")
-    return EngineKey(str(l4t).strip(), str(tensorrt).strip(), str(sm).strip(), dla_core)
 
 
 # ------------------------------------------------------------------------------- plan facts
@@ -368,43 +308,6 @@ def make_build_plans(
             manifest = {**manifest, "engine": {**(manifest.get("engine") or {}), "dla_core": None}}
         plans.append(make_build_plan(model_path, manifest, target, release, **kw))
     return plans
-
-
-_REQUIRED = ("format", "tensorrt", "l4t", "sm", "model", "precision_mode", "network_flags", "builder_flags",
-             "workspace", "profiles", "engine_key", "engine_file", "timing_cache")
-
-
-def validate_plan(plan: Mapping[str, Any], source: str = "plan") -> dict[str, Any]:
-    """Check a plan's format and fields; returns it as a dict.
-
-    Raises:
-        ModelError: naming ``source`` and the missing or bad field.
-    """
-    if not isinstance(plan, Mapping):
-        raise ModelError(f"{source}: an engine plan must be a JSON object")
-    if plan.get("format") != PLAN_FORMAT:
-        raise ModelError(f"{source}: format {plan.get('format')!r} is not {PLAN_FORMAT!r}")
-    for name in _REQUIRED:
-        if name not in plan:
-            raise ModelError(f"{source}: field '{name}' is missing")
-    if plan["precision_mode"] not in ("strongly_typed", "builder_flags"):
-        raise ModelError(f"{source}: precision_mode {plan['precision_mode']!r} is unknown")
-    key = EngineKey.from_dict(plan["engine_key"])
-    if key.filename != plan["engine_file"]:
-        raise ModelError(f"{source}: engine_file {plan['engine_file']!r} does not match its key ({key.filename})")
-    return dict(plan)
-
-
-def load_plan(path: Path) -> dict[str, Any]:
-    """Read and validate a plan file."""
-    path = Path(path)
-    try:
-        data = json.loads(path.read_text("utf-8"))
-    except FileNotFoundError:
-        raise ModelError(f"{path}: no such plan file") from None
-    except (OSError, ValueError) as exc:
-        raise ModelError(f"{path}: not a JSON engine plan ({exc})") from exc
-    return validate_plan(data, str(path))
 
 
 # ---------------------------------------------------------------------------------- builder

@@ -4,11 +4,17 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import typer
 
 __all__ = ["register"]
+
+# The host side of ``engine build --on DEVICE BUNDLE`` is deploy's (it probes devices over SSH and
+# streams their builds). The packager does not import deploy (one layer), so the entry layer,
+# ``cuvil_edge/cli.py``, hands it in through :func:`register`.
+_build_on_devices: Callable[..., None] | None = None
 
 engine_app = typer.Typer(
     name="engine",
@@ -98,9 +104,11 @@ def build_cmd(
     """
     start = time.monotonic()
     if on or inventory is not None:
-        from cuvil_edge.deploy.engines_cli import build_on_devices
+        from cuvil_edge.errors import ModelError
 
-        build_on_devices(bundle, on or [], inventory=inventory, pub=pub, allow_unsigned=allow_unsigned, identity=identity,
+        if _build_on_devices is None:
+            raise ModelError("engine build --on needs deploy's host side; run it as cuvil-edge engine build --on")
+        _build_on_devices(bundle, on or [], inventory=inventory, pub=pub, allow_unsigned=allow_unsigned, identity=identity,
                          known_hosts=known_hosts, root=root, store=store, daemon_port=daemon_port,
                          device_cli=device_cli, builder=builder, dla_core=None if dla_core < 0 else dla_core,
                          rebuild=rebuild, as_json=as_json)
@@ -131,6 +139,15 @@ def build_cmd(
                f"{rec.builder}) in {time.monotonic() - start:.1f} s")
 
 
-def register(app: typer.Typer) -> None:
-    """Add the ``engine`` command group to the cuvil-edge CLI."""
+def register(app: typer.Typer, build_on_devices: Callable[..., None] | None = None) -> None:
+    """Add the ``engine`` command group to the cuvil-edge CLI.
+
+    Args:
+        app (typer.Typer): the cuvil-edge CLI.
+        build_on_devices (Callable | None): the host side of ``engine build --on`` (deploy's
+            :func:`~cuvil_edge.deploy.engines_cli.build_on_devices`); without it ``--on`` is refused.
+    """
+    global _build_on_devices
+    if build_on_devices is not None:
+        _build_on_devices = build_on_devices
     app.add_typer(engine_app, name="engine")

@@ -4,7 +4,7 @@
 it over SSH, :mod:`cuvil_edge.deploy.engines`). It
 
 1. reads the board's own facts below ``--root`` (L4T, TensorRT, board profile -> SM) and derives
-   its engine key (:func:`~cuvil_edge.packager.engine_store.key_for_facts`); refuses a plan made
+   its engine key (:func:`~cuvil_edge.bundle.engine_store.key_for_facts`); refuses a plan made
    for another TensorRT version, SM or DLA core, and a model whose sha256 is not the plan's;
 2. makes itself a process group leader and prints ``pid``/``pgid`` first, so the host can stop
    the whole build (this process and the builder it runs) with one ``kill -TERM -- -PGID``;
@@ -34,9 +34,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from cuvil_edge.errors import ModelError
-from cuvil_edge.packager.engine import _mm, load_plan
-from cuvil_edge.packager.engine_store import (
+from cuvil_edge.bundle.engine_store import (
     EngineError,
     EngineRecord,
     EngineStore,
@@ -45,6 +43,8 @@ from cuvil_edge.packager.engine_store import (
     sha256_bytes,
     sha256_file,
 )
+from cuvil_edge.errors import ModelError
+from cuvil_edge.packager.engine import _mm, load_plan
 
 __all__ = ["BUILDERS", "RECORD_PREFIX", "BuildStopped", "build_into_store"]
 
@@ -89,7 +89,7 @@ def build_into_store(
         BuildStopped: SIGTERM/SIGINT arrived; nothing was stored.
         ModelError: the builder failed (its last log line in the message).
     """
-    from cuvil_edge.deploy.probe import probe_local
+    from cuvil_edge.bundle.device_facts import probe_local
 
     say = echo or (lambda line: print(line, flush=True))
     if builder not in BUILDERS:

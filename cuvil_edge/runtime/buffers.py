@@ -19,6 +19,8 @@ from typing import Any
 
 import numpy as np
 
+from cuvil_edge.errors import CuvilEdgeError
+
 __all__ = ["BufferPool", "PageLockedAllocator", "Placement", "host_allocator"]
 
 log = logging.getLogger("cuvil_edge.runtime.buffers")
@@ -57,7 +59,7 @@ def _pageable(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
 _pageable.placement = Placement.PAGEABLE  # type: ignore[attr-defined]
 
 
-class _NoCuda(Exception):
+class _NoCuda(CuvilEdgeError):
     """pycuda or a CUDA device is missing (internal: turned into the pageable fallback)."""
 
 

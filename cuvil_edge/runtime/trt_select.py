@@ -2,7 +2,7 @@
 
 The daemon calls :func:`choose_engine` for every load (start, SIGHUP swap, repository load,
 rollback). It looks in ``<store>/engines/<this device's key>/<bundle model sha256>.plan`` and
-serves that engine only when its record (:mod:`cuvil_edge.packager.engine_store`) names this
+serves that engine only when its record (:mod:`cuvil_edge.bundle.engine_store`) names this
 device's key and this bundle's model and the plan hashes to the recorded sha256. Anything else
 - no key (no TensorRT on the board), no engine yet, a record for another model, a corrupt plan,
 TensorRT not importable, a stand-in engine without ``--engine-standin`` - gives ONNX Runtime with
@@ -58,8 +58,8 @@ def device_engine_key(root: str = "/", dla_core: int | None = None) -> tuple[Any
 
     When TensorRT imports here, its own version counts (it may differ from the dpkg package).
     """
-    from cuvil_edge.deploy.probe import probe_local
-    from cuvil_edge.packager.engine_store import EngineError, key_for_facts
+    from cuvil_edge.bundle.device_facts import probe_local
+    from cuvil_edge.bundle.engine_store import EngineError, key_for_facts
 
     facts = probe_local(root)
     trt = None
@@ -77,7 +77,7 @@ def device_engine_key(root: str = "/", dla_core: int | None = None) -> tuple[Any
 
 def bundle_model_sha256(bundle_dir: Path, manifest: Mapping[str, Any]) -> str:
     """The sha256 of the bundle's model: the manifest's file entry (checked at install), else hashed."""
-    from cuvil_edge.packager.engine_store import sha256_file
+    from cuvil_edge.bundle.engine_store import sha256_file
 
     model = str(manifest.get("model") or "model.onnx")
     for entry in manifest.get("files") or []:
@@ -106,7 +106,7 @@ def choose_engine(
         allow_standin (bool): serve stand-in engines (tests without TensorRT). Defaults to False.
         device (str): the daemon's ``--device``; ``cpu`` never picks an engine. Defaults to auto.
     """
-    from cuvil_edge.packager.engine_store import EngineError, EngineStore
+    from cuvil_edge.bundle.engine_store import EngineError, EngineStore
 
     name = f"{manifest.get('name')} {manifest.get('version')}"
     choice = EngineChoice(precision=str(manifest.get("precision", "")))

@@ -1,6 +1,6 @@
 """STAND-IN TensorRT runtime for tests without TensorRT. NOT TensorRT; it never claims to be.
 
-It loads the engine files the stand-in builder writes (:mod:`cuvil_edge.packager.engine_standin`:
+It loads the engine files the stand-in builder writes (:mod:`cuvil_edge.packager.engine_standin`, format in :mod:`cuvil_edge.runtime.standin_plan`:
 a header and the ONNX model) and runs that ONNX model with ONNX Runtime. It exists so the engine
 path around the runtime (engine selection by key, record and sha256 checks, the daemon's choice
 and fallback, ``/config`` and ``cuvil-edge status`` reports, swaps and rollbacks) runs end to end
@@ -49,7 +49,7 @@ class TrtStandinBackend(OrtBackend):
 
     def model_source(self) -> bytes:
         if self._onnx is None:
-            from cuvil_edge.packager.engine_standin import read_standin_plan
+            from cuvil_edge.runtime.standin_plan import read_standin_plan
 
             try:
                 header, onnx = read_standin_plan(self.engine_path.read_bytes(), str(self.engine_path))

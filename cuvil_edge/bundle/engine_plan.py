@@ -1,0 +1,56 @@
+"""The engine build plan format (``cuvil-engine-plan/1``): what a bundle's ``engine/plan-*.json`` holds.
+
+The packager writes plans (:func:`cuvil_edge.packager.engine.make_build_plan`); the device-side
+builder and deploy read and check them, so the format and its check live here, in the bundle
+contract, below all three. ``cuvil_edge.packager.engine`` re-exports these names.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from cuvil_edge.bundle.engine_key import EngineKey
+from cuvil_edge.errors import ModelError
+
+__all__ = ["PLAN_FORMAT", "load_plan", "validate_plan"]
+
+PLAN_FORMAT = "cuvil-engine-plan/1"
+
+_REQUIRED = ("format", "tensorrt", "l4t", "sm", "model", "precision_mode", "network_flags", "builder_flags",
+             "workspace", "profiles", "engine_key", "engine_file", "timing_cache")
+
+
+def validate_plan(plan: Mapping[str, Any], source: str = "plan") -> dict[str, Any]:
+    """Check a plan's format and fields; returns it as a dict.
+
+    Raises:
+        ModelError: naming ``source`` and the missing or bad field.
+    """
+    if not isinstance(plan, Mapping):
+        raise ModelError(f"{source}: an engine plan must be a JSON object")
+    if plan.get("format") != PLAN_FORMAT:
+        raise ModelError(f"{source}: format {plan.get('format')!r} is not {PLAN_FORMAT!r}")
+    for name in _REQUIRED:
+        if name not in plan:
+            raise ModelError(f"{source}: field '{name}' is missing")
+    if plan["precision_mode"] not in ("strongly_typed", "builder_flags"):
+        raise ModelError(f"{source}: precision_mode {plan['precision_mode']!r} is unknown")
+    key = EngineKey.from_dict(plan["engine_key"])
+    if key.filename != plan["engine_file"]:
+        raise ModelError(f"{source}: engine_file {plan['engine_file']!r} does not match its key ({key.filename})")
+    return dict(plan)
+
+
+def load_plan(path: Path) -> dict[str, Any]:
+    """Read and validate a plan file."""
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text("utf-8"))
+    except FileNotFoundError:
+        raise ModelError(f"{path}: no such plan file") from None
+    except (OSError, ValueError) as exc:
+        raise ModelError(f"{path}: not a JSON engine plan ({exc})") from exc
+    return validate_plan(data, str(path))
