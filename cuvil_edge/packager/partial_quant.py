@@ -36,8 +36,9 @@ def with_float_nodes(quantized: onnx.ModelProto, float_model: onnx.ModelProto, n
     graph = out.graph
     float_nodes = {n.name: n for n in float_model.graph.node if n.name}
     float_inits = {i.name: i for i in float_model.graph.initializer}
-    present = {i.name for i in graph.initializer}
     produced = {o for n in graph.node for o in n.output} | {i.name for i in graph.input}
+    # Every name already defined (an int32 bias's DequantizeLinear may output the bias's own name).
+    present = {i.name for i in graph.initializer} | produced
     added: dict[str, str] = {}
     for node in graph.node:
         src = float_nodes.get(node.name)

@@ -231,3 +231,19 @@ def test_partial_variants_are_exact_at_both_ends(digits):
     readers = {n.name for n in only.graph.node for i in n.input
                if any(p.output[0] == i and p.op_type == "DequantizeLinear" for p in only.graph.node)}
     assert readers == {"conv1"}
+
+
+def test_partial_variants_of_the_cpu_form_define_each_name_once(digits):
+    """The CPU form's int32 biases sit behind DequantizeLinear nodes whose outputs may carry the bias's
+    own name: a float copy for a rewired node must not define that name twice."""
+    from cuvil_edge.packager.partial_quant import with_float_nodes
+
+    _, calib, evaluation = digits
+    with Quantizer(digits[0], "ort-cpu", calib) as q:
+        quantized, model = q.quantize(), q.float_model
+    every = {n.name for n in quantized.graph.node if n.op_type not in ("QuantizeLinear", "DequantizeLinear")}
+    for names in (every, {"conv1"}):
+        variant = with_float_nodes(quantized, model, names)
+        defined = [i.name for i in variant.graph.initializer] + [o for n in variant.graph.node for o in n.output]
+        assert len(defined) == len(set(defined))
+        run_model(make_session(variant), evaluation.slice(0, 8))
