@@ -247,3 +247,29 @@ def test_partial_variants_of_the_cpu_form_define_each_name_once(digits):
         defined = [i.name for i in variant.graph.initializer] + [o for n in variant.graph.node for o in n.output]
         assert len(defined) == len(set(defined))
         run_model(make_session(variant), evaluation.slice(0, 8))
+
+
+def test_modelopt_quantizer_missing_or_misused_is_one_clear_line(digits, monkeypatch, tmp_path):
+    from cuvil_edge.packager.modelopt_quant import quantize_with_modelopt
+
+    model, calib, _ = digits
+    monkeypatch.setenv("CUVIL_EDGE_MODELOPT_PYTHON", str(tmp_path / "no-such-python"))
+    with pytest.raises(QuantizationError, match=r"cuvil-edge\[modelopt\].*CUVIL_EDGE_MODELOPT_PYTHON"):
+        quantize_with_modelopt(model, calib)
+    with pytest.raises(QuantizationError, match="--precision int8"):
+        quantize_model(model, get_target("orin-nano-8gb"), "mixed", calib, "classification", NO_GOAL,
+                       quantizer="modelopt")
+    with pytest.raises(QuantizationError, match="cuvil or modelopt"):
+        quantize_model(model, get_target("orin-nano-8gb"), "int8", calib, "classification", NO_GOAL,
+                       quantizer="tensorrt")
+
+
+@pytest.mark.skipif(not __import__("os").environ.get("CUVIL_EDGE_MODELOPT_PYTHON"),
+                    reason="NVIDIA Model Optimizer lives in its own venv: set CUVIL_EDGE_MODELOPT_PYTHON to run")
+def test_modelopt_output_is_in_tensorrt_form(digits):
+    from cuvil_edge.packager.modelopt_quant import quantize_with_modelopt
+
+    model, calib, _ = digits
+    quantized = quantize_with_modelopt(model, calib)
+    assert check_qdq(quantized, ["8.6.2", "10.3.0"], "8.7") == []
+    assert check_tensorrt_form(quantized, get_target("orin-nano-8gb"))["qdq_nodes"] > 4
