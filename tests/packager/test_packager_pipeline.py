@@ -82,7 +82,9 @@ class TestFormats:
     def test_mixed_keeps_groups_in_float_until_the_kl_budget_holds(self, tmp_path, keypair):
         from cuvil_edge.recipes import AccuracyGoal
 
-        goal = AccuracyGoal(min_top1_agreement=0.97, max_mean_kl=0.0004)
+        # Between pure INT8's search KL (0.000315 with the 99.99 percentile) and what one group kept
+        # out of INT8 reaches (0.000273): the search must keep exactly what it needs.
+        goal = AccuracyGoal(min_top1_agreement=0.97, max_mean_kl=0.0003)
         out = tmp_path / "m.cvb"
         # The search judges on its own data; the held-out check may land either side of a budget
         # this tight, so this test looks at the search and leaves goal enforcement to another.
@@ -91,7 +93,7 @@ class TestFormats:
         assert q["kept_float_groups"], "INT8 alone exceeds the KL budget; the search must keep a group"
         assert set(q["sensitivity"]) >= set(q["kept_float_groups"])
         errors = [step["error"] for step in q["search_steps"]]
-        assert errors[-1] <= 0.0004 < min(errors[:-1]), errors
+        assert errors[-1] <= 0.0003 < min(errors[:-1]), errors
         assert len(q["kept_float_groups"]) == len(errors) - 1
         int8 = package(_digits_recipe(precision="int8", accuracy=goal), tmp_path / "i.cvb", keypair[0], enforce_goal=False)
         kl = result.report["validation"]["outputs"]["logits"]["mean_kl"]
