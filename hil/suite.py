@@ -102,7 +102,8 @@ class SuiteContext:
         """``cuvil-edge deploy`` of a suite bundle; returns (exit code, the device's report entry)."""
         report = self.workdir / f"deploy-{label}.json"
         res = self.cli("deploy", str(self.bundle(label)), *self.device_args(), "--pub", str(self.keys()[1]),
-                       "--health-timeout", "240", "--connect-timeout", "30", "--report", str(report), "--json")
+                       "--health-timeout", "240", "--confirm-deadline", "300", "--connect-timeout", "30",
+                       "--report", str(report), "--json")
         if not report.is_file():
             raise CheckFailed(f"deploy {label} wrote no report (exit {res.returncode}): "
                               f"{(res.stderr or res.stdout).strip()[-600:]}")
