@@ -167,8 +167,9 @@ OPTIONS: dict[str, tuple[Any, str]] = {
     "keep_alive": (float, "seconds an idle keep-alive connection stays open"),
     "request_timeout": (float, "seconds a client may take to send one request (408), or to read an answer "
                         "the daemon holds for it"),
-    "max_connections": (int, "open client connections at most; beyond it new clients get 503 and are closed "
-                        "(also kept below the process's open-file limit)"),
+    "max_connections": (int, "open client connections at most, per listener (HTTP, gRPC); beyond it new HTTP "
+                        "clients get 503 and new gRPC connections are closed (also kept below the "
+                        "process's open-file limit)"),
     "max_buffered_mb": (float, "request bytes all connections may buffer at once, MiB, reserved in the memory "
                         "budget; a request that would pass it gets 503 with Retry-After"),
     "max_json_mb": (float, "largest JSON document parsed, MiB (larger: 413; send big tensors as binary data)"),

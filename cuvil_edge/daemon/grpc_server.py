@@ -38,6 +38,7 @@ import numpy as np
 from google.protobuf import json_format
 
 from cuvil_edge import __version__
+from cuvil_edge.daemon.accept import connection_cap
 from cuvil_edge.daemon.batcher import Pending
 from cuvil_edge.daemon.kserve import EXTENSIONS, MemoryRefused, model_config_doc, model_metadata_doc
 from cuvil_edge.daemon.models import ModelInstance, UnknownModel
@@ -339,6 +340,10 @@ class GrpcFrontend:
             # As HTTP's header limit (--max-header-kb where the daemon has it, else 64 KiB).
             ("grpc.max_metadata_size", int(getattr(cfg, "max_header_kb", 64)) * 1024),
             ("grpc.max_connection_idle_ms", int(cfg.keep_alive * 1000)),
+            # --max-connections bounds this listener as it bounds HTTP's (each counts its own):
+            # gRPC core closes a connection over the cap right after accepting it, before it
+            # reads a byte, so a flood of clients costs a socket each for an instant.
+            ("grpc.max_allowed_incoming_connections", connection_cap(int(cfg.max_connections))),
             ("grpc.so_reuseport", 0),  # a port in use is an error, as for HTTP
         ]
 

@@ -259,3 +259,49 @@ def test_grpc_messages_count_against_the_buffered_bytes_cap_shared_with_http(sto
             assert stub.ServerLive(pb.ServerLiveRequest(), timeout=30).live
     finally:
         held.close()
+
+
+_H2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"  # + empty SETTINGS
+
+
+def _h2_answers(sock: socket.socket) -> bool:
+    """True when the server answers the HTTP/2 preface with its SETTINGS frame; False when it closes."""
+    sock.settimeout(20)
+    try:
+        head = sock.recv(9)
+    except (ConnectionResetError, TimeoutError):
+        return False
+    return len(head) == 9 and head[3] == 0x4  # frame type 4: SETTINGS
+
+
+def test_grpc_connections_over_max_connections_are_closed_before_a_byte_is_read(store, daemon_factory):
+    """--max-connections caps the gRPC listener too: with 2 connections held, a third client is closed
+    at once, and a slot freed is taken again. (The cap counts gRPC connections only; HTTP has its own.)"""
+    d = daemon_factory(store, "--max-connections", "2")
+    host, port = d.grpc_url.rsplit(":", 1)
+    held = [socket.create_connection((host, int(port)), timeout=10) for _ in range(2)]
+    extra: socket.socket | None = None
+    try:
+        for s in held:
+            s.sendall(_H2_PREFACE)
+            assert _h2_answers(s), "a connection under the cap got no SETTINGS frame"
+        extra = socket.create_connection((host, int(port)), timeout=10)
+        extra.sendall(_H2_PREFACE)
+        assert not _h2_answers(extra), "a third connection over --max-connections 2 was served"
+        extra.close()
+        held.pop().close()
+        deadline = time.monotonic() + 30
+        while True:  # the server notices the close asynchronously
+            with grpc.insecure_channel(d.grpc_url) as ch:
+                try:
+                    assert GRPCInferenceServiceStub(ch).ServerLive(pb.ServerLiveRequest(), timeout=5).live
+                    break
+                except grpc.RpcError:
+                    if time.monotonic() > deadline:
+                        raise
+            time.sleep(0.5)
+    finally:
+        for s in held:
+            s.close()
+        if extra is not None:
+            extra.close()
