@@ -40,7 +40,15 @@ from google.protobuf import json_format
 from cuvil_edge import __version__
 from cuvil_edge.daemon.accept import connection_cap
 from cuvil_edge.daemon.batcher import Pending
-from cuvil_edge.daemon.kserve import EXTENSIONS, MemoryRefused, model_config_doc, model_metadata_doc
+from cuvil_edge.daemon.kserve import (
+    EXTENSIONS,
+    BadRequest,
+    MemoryRefused,
+    check_input_header,
+    complete_inputs,
+    model_config_doc,
+    model_metadata_doc,
+)
 from cuvil_edge.daemon.models import ModelInstance, UnknownModel
 from cuvil_edge.daemon.pipeline import IMAGE_INPUT
 from cuvil_edge.daemon.proto import grpc_service_pb2 as pb
@@ -123,10 +131,6 @@ def _params(m: Any) -> dict[str, Any]:
     return {k: _param(v) for k, v in m.items()}
 
 
-def _shape_ok(spec_shape: tuple[int, ...], shape: list[int]) -> bool:
-    return len(spec_shape) == len(shape) and all(s < 0 or s == d for s, d in zip(spec_shape, shape, strict=True))
-
-
 def decode_grpc_infer(req: Any, inst: ModelInstance, shm: SharedMemoryRegistry | None,
                       ) -> tuple[dict[str, np.ndarray], int, list[tuple[str, int, OutputTarget | None]] | None]:
     """Check a ``ModelInferRequest`` against the model; the same rules and messages as HTTP.
@@ -151,30 +155,16 @@ def _decode(req: Any, inst: ModelInstance, shm: SharedMemoryRegistry | None,
             ) -> tuple[dict[str, np.ndarray], int, list[tuple[str, int, OutputTarget | None]] | None]:
     if not req.inputs:
         raise _bad("the inference request needs at least one input")
-    specs = inst.input_specs
     raw = req.raw_input_contents
     next_raw = 0
     arrays: dict[str, np.ndarray] = {}
     for item in req.inputs:
         name = item.name
-        spec = specs.get(name)
-        if spec is None:
-            raise _bad(f"unexpected inference input '{name}' for model '{inst.name}'; it takes {sorted(specs)}")
-        if name in arrays:
-            raise _bad(f"input '{name}' is given twice")
         shape = list(item.shape)
-        if any(d < 0 for d in shape):
-            raise _bad(f"input '{name}': shape must hold non-negative integers, got {shape}")
-        if item.datatype != spec.datatype:
-            raise _bad(f"inference input '{name}' data-type is '{item.datatype}', but model "
-                       f"'{inst.name}' expects '{spec.datatype}'")
-        if name == IMAGE_INPUT and inst.pipeline is not None and inst.pipeline.image_spec is spec:
-            if len(shape) not in (3, 4) or shape[-1] != 3 or 0 in shape:
-                raise _bad(f"input '{IMAGE_INPUT}' must be UINT8 [H, W, 3] or [N, H, W, 3] (HWC RGB), "
-                           f"got shape {shape}")
-        elif not _shape_ok(spec.shape, shape):
-            raise _bad(f"unexpected shape for input '{name}' for model '{inst.name}'. Expected "
-                       f"{list(spec.shape)}, got {shape}")
+        try:
+            spec = check_input_header(inst, arrays, name, shape, item.datatype)
+        except BadRequest as exc:
+            raise _bad(str(exc)) from None
         count = 1
         for d in shape:
             count *= d
@@ -205,26 +195,10 @@ def _decode(req: Any, inst: ModelInstance, shm: SharedMemoryRegistry | None,
         arrays[name] = arr
     if next_raw != len(raw):
         raise _bad(f"raw_input_contents has {len(raw) - next_raw} entries that no input claims")
-    model_inputs = [s.name for s in (inst.pipeline.model_inputs if inst.pipeline else [])]
-    required = set(model_inputs)
-    if IMAGE_INPUT in arrays and model_inputs and IMAGE_INPUT not in model_inputs:
-        if model_inputs[0] in arrays:
-            raise _bad(f"give either '{IMAGE_INPUT}' or '{model_inputs[0]}', not both")
-        required.discard(model_inputs[0])
-        if arrays[IMAGE_INPUT].ndim == 3:
-            arrays[IMAGE_INPUT] = arrays[IMAGE_INPUT][None]
-    missing = sorted(required - set(arrays))
-    if missing:
-        raise _bad(f"model '{inst.name}' expects input {missing[0]!r}")
-    if inst.max_batch:
-        sizes = {a.shape[0] for a in arrays.values()}
-        if len(sizes) != 1:
-            raise _bad(f"inputs disagree on the batch size (first dimension): {sorted(sizes)}")
-        n = sizes.pop()
-        if n < 1 or n > inst.max_batch:
-            raise _bad(f"inference request batch-size must be <= {inst.max_batch} for '{inst.name}', got {n}")
-    else:
-        n = 1
+    try:
+        n = complete_inputs(inst, arrays)
+    except BadRequest as exc:
+        raise _bad(str(exc)) from None
     outputs: list[tuple[str, int, OutputTarget | None]] | None = None
     if req.outputs:
         outputs = []

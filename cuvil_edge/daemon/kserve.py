@@ -78,6 +78,73 @@ def _shape_ok(spec_shape: tuple[int, ...], shape: list[int]) -> bool:
     return all(s < 0 or s == d for s, d in zip(spec_shape, shape, strict=True))
 
 
+def check_input_header(inst: ModelInstance, arrays: dict[str, np.ndarray], name: Any, shape: list[int],
+                       datatype: Any) -> Any:
+    """The checks every front end makes on one input's name, shape and datatype, before its data.
+
+    HTTP (JSON) and gRPC (protobuf) carry the same three fields in different forms; both call this
+    so a request is refused for the same reason with the same words over either. Returns the
+    model's :class:`~cuvil_edge.runtime.base.TensorSpec` of the input.
+
+    Raises:
+        BadRequest: unknown or repeated input, negative dimension, wrong datatype or shape.
+    """
+    spec = inst.input_specs.get(name) if isinstance(name, str) else None
+    if spec is None:
+        raise BadRequest(f"unexpected inference input '{name}' for model '{inst.name}'; it takes "
+                         f"{sorted(inst.input_specs)}")
+    if name in arrays:
+        raise BadRequest(f"input '{name}' is given twice")
+    if any(d < 0 for d in shape):
+        raise BadRequest(f"input '{name}': shape must hold non-negative integers, got {shape}")
+    if datatype != spec.datatype:
+        raise BadRequest(f"inference input '{name}' data-type is '{datatype}', but model "
+                         f"'{inst.name}' expects '{spec.datatype}'")
+    if name == IMAGE_INPUT and inst.pipeline is not None and inst.pipeline.image_spec is spec:
+        if len(shape) not in (3, 4) or shape[-1] != 3 or 0 in shape:
+            raise BadRequest(f"input '{IMAGE_INPUT}' must be UINT8 [H, W, 3] or [N, H, W, 3] (HWC RGB), "
+                             f"got shape {shape}")
+    elif not _shape_ok(spec.shape, shape):
+        raise BadRequest(f"unexpected shape for input '{name}' for model '{inst.name}'. Expected "
+                         f"{list(spec.shape)}, got {shape}")
+    return spec
+
+
+def complete_inputs(inst: ModelInstance, arrays: dict[str, np.ndarray]) -> int:
+    """Checks the decoded inputs as a whole and returns the batch size (1 for a model without batching).
+
+    Required inputs are the model's, except the first when the daemon's ``image`` input replaces it
+    (a single ``[H, W, 3]`` image gains its batch axis here). Shared by HTTP and gRPC.
+
+    Raises:
+        BadRequest: both the image and the tensor it replaces, a missing input, batch sizes that
+            disagree, or a batch over the model's maximum.
+    """
+    model_inputs = [s.name for s in (inst.pipeline.model_inputs if inst.pipeline else [])]
+    required = set(model_inputs)
+    if IMAGE_INPUT in arrays and model_inputs and IMAGE_INPUT not in model_inputs:
+        if model_inputs[0] in arrays:
+            raise BadRequest(f"give either '{IMAGE_INPUT}' or '{model_inputs[0]}', not both")
+        required.discard(model_inputs[0])
+        if arrays[IMAGE_INPUT].ndim == 3:
+            arrays[IMAGE_INPUT] = arrays[IMAGE_INPUT][None]
+    missing = sorted(required - set(arrays))
+    if missing:
+        raise BadRequest(f"model '{inst.name}' expects input {missing[0]!r}"
+                         + (f" (or '{IMAGE_INPUT}')" if inst.pipeline and inst.pipeline.image_spec
+                            and missing[0] == model_inputs[0] else ""))
+    if not inst.max_batch:
+        return 1
+    sizes = {a.shape[0] for a in arrays.values()}
+    if len(sizes) != 1:
+        raise BadRequest(f"inputs disagree on the batch size (first dimension): {sorted(sizes)}")
+    n = sizes.pop()
+    if n < 1 or n > inst.max_batch:
+        raise BadRequest(f"inference request batch-size must be <= {inst.max_batch} for "
+                         f"'{inst.name}', got {n}")
+    return n
+
+
 def _serialize_bytes(values: list[bytes]) -> bytes:
     out = bytearray()
     for v in values:
@@ -164,27 +231,14 @@ def _decode_infer(req_body: bytes, header_len: bytes | None, inst: ModelInstance
         if not isinstance(item, dict):
             raise BadRequest("each entry of 'inputs' must be an object with name, shape, datatype")
         name = item.get("name")
-        spec = specs.get(name) if isinstance(name, str) else None
-        if spec is None:
-            raise BadRequest(f"unexpected inference input '{name}' for model '{inst.name}'; it takes "
-                             f"{sorted(specs)}")
-        if name in arrays:
-            raise BadRequest(f"input '{name}' is given twice")
         shape = item.get("shape")
         if (not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool)
                                                    and d >= 0 for d in shape)):
-            raise BadRequest(f"input '{name}': 'shape' must be a list of non-negative integers, got {shape!r}")
+            if isinstance(name, str) and name in specs and name not in arrays:
+                raise BadRequest(f"input '{name}': 'shape' must be a list of non-negative integers, got {shape!r}")
+            shape = []  # an unknown name is the error to report
         datatype = item.get("datatype")
-        if datatype != spec.datatype:
-            raise BadRequest(f"inference input '{name}' data-type is '{datatype}', but model "
-                             f"'{inst.name}' expects '{spec.datatype}'")
-        if name == IMAGE_INPUT and inst.pipeline is not None and inst.pipeline.image_spec is spec:
-            if len(shape) not in (3, 4) or shape[-1] != 3 or 0 in shape:
-                raise BadRequest(f"input '{IMAGE_INPUT}' must be UINT8 [H, W, 3] or [N, H, W, 3] (HWC RGB), "
-                                 f"got shape {shape}")
-        elif not _shape_ok(spec.shape, shape):
-            raise BadRequest(f"unexpected shape for input '{name}' for model '{inst.name}'. Expected "
-                             f"{list(spec.shape)}, got {shape}")
+        spec = check_input_header(inst, arrays, name, shape, datatype)
         count = 1
         for d in shape:
             count *= d
@@ -229,31 +283,7 @@ def _decode_infer(req_body: bytes, header_len: bytes | None, inst: ModelInstance
     if binary is not None and offset != nbin:
         raise BadRequest(f"the binary part of the body has {nbin - offset} bytes that no input claims "
                          "(check binary_data_size)")
-    # Required inputs: the model's, except the first when an image replaces it.
-    model_inputs = [s.name for s in (inst.pipeline.model_inputs if inst.pipeline else [])]
-    required = set(model_inputs)
-    if IMAGE_INPUT in arrays and model_inputs and IMAGE_INPUT not in model_inputs:
-        if model_inputs[0] in arrays:
-            raise BadRequest(f"give either '{IMAGE_INPUT}' or '{model_inputs[0]}', not both")
-        required.discard(model_inputs[0])
-        img = arrays[IMAGE_INPUT]
-        if img.ndim == 3:
-            arrays[IMAGE_INPUT] = img = img[None]
-    missing = sorted(required - set(arrays))
-    if missing:
-        raise BadRequest(f"model '{inst.name}' expects input {missing[0]!r}"
-                         + (f" (or '{IMAGE_INPUT}')" if inst.pipeline and inst.pipeline.image_spec
-                            and missing[0] == model_inputs[0] else ""))
-    if inst.max_batch:
-        sizes = {a.shape[0] for a in arrays.values()}
-        if len(sizes) != 1:
-            raise BadRequest(f"inputs disagree on the batch size (first dimension): {sorted(sizes)}")
-        n = sizes.pop()
-        if n < 1 or n > inst.max_batch:
-            raise BadRequest(f"inference request batch-size must be <= {inst.max_batch} for "
-                             f"'{inst.name}', got {n}")
-    else:
-        n = 1
+    n = complete_inputs(inst, arrays)
     # Outputs.
     top_params = doc.get("parameters") or {}
     if not isinstance(top_params, dict):
