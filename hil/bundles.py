@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["MODEL_NAME", "host_reference", "make_keys", "make_model", "make_suite_bundle"]
+__all__ = ["MODEL_NAME", "host_reference", "make_bundle", "make_keys", "make_model", "make_suite_bundle"]
 
 MODEL_NAME = "hilnet"
 PREPROCESS = {"kind": "image", "size": [16, 16], "mean": [127.0, 127.0, 127.0], "std": [64.0, 64.0, 64.0],
@@ -74,39 +74,57 @@ def host_reference(model: Path, feed: dict[str, np.ndarray]) -> np.ndarray:
 def make_suite_bundle(out: Path, secret_key: Path, version: str, *, bad_gate: bool = False,
                       target: str = "generic-arm64") -> Path:
     """A signed bundle of the suite's model at ``version`` (``bad_gate``: wrong expected outputs)."""
-    from cuvil_edge.bundle import write_bundle
-    from cuvil_edge.targets import get_target
-
     model = out.parent / "hilnet.onnx"
     if not model.is_file():
         make_model(model)
     sample = np.random.default_rng(11).standard_normal((4, 3, 16, 16)).astype(np.float32)
-    expected = host_reference(model, {"input": sample})
-    if bad_gate:
-        expected = expected + 1.0
+    return make_bundle(out, secret_key, model, MODEL_NAME, version, {"input": sample}, {"logits": 10},
+                       preprocess=PREPROCESS, bad_gate=bad_gate, target=target)
 
-    def npz(**arrays: np.ndarray) -> bytes:
+
+def make_bundle(out: Path, secret_key: Path, model: Path, name: str, version: str,
+                sample: dict[str, np.ndarray], outputs: dict[str, int], *, preprocess: dict | None = None,
+                bad_gate: bool = False, target: str = "generic-arm64", max_batch: int = 8) -> Path:
+    """A signed FP32 bundle of any ONNX model with a batch axis, gated on ``sample``.
+
+    Args:
+        sample: the validation inputs by name (their shapes, batch axis made dynamic, are the
+            bundle's input specs); the expected outputs are ONNX Runtime's FP32 on this machine.
+        outputs: output name -> width (``[-1, width]`` float32).
+        bad_gate: store shifted expected outputs, so the health gate fails on any board.
+    """
+    import onnxruntime as ort
+
+    from cuvil_edge.bundle import write_bundle
+    from cuvil_edge.targets import get_target
+
+    sess = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
+    expected = dict(zip(outputs, sess.run(list(outputs), sample), strict=True))
+    if bad_gate:
+        expected = {k: v + 1.0 for k, v in expected.items()}
+
+    def npz(arrays: dict[str, np.ndarray]) -> bytes:
         buf = io.BytesIO()
         np.savez(buf, **arrays)
         return buf.getvalue()
 
     t = get_target(target)
     manifest = {
-        "name": MODEL_NAME, "version": version,
+        "name": name, "version": version,
         "target": {"name": t.name, "arch": t.arch, "gpu_sm": t.gpu_sm, "releases": [r.__dict__ for r in t.releases]},
         "precision": "fp32", "format_kind": t.runtime_format, "model": "model.onnx",
-        "inputs": [{"name": "input", "dtype": "float32", "shape": [-1, 3, 16, 16]}],
-        "outputs": [{"name": "logits", "dtype": "float32", "shape": [-1, 10]}],
-        "max_batch": 8,
-        "preprocess": PREPROCESS, "postprocess": {"kind": "none"},
+        "inputs": [{"name": k, "dtype": "float32", "shape": [-1, *v.shape[1:]]} for k, v in sample.items()],
+        "outputs": [{"name": k, "dtype": "float32", "shape": [-1, w]} for k, w in outputs.items()],
+        "max_batch": max_batch,
+        **({"preprocess": preprocess} if preprocess else {}), "postprocess": {"kind": "none"},
         "validation": {"report": "validation.json", "sample_inputs": "sample/inputs.npz",
                        "sample_expected": "sample/expected.npz", "rtol": 1e-3, "atol": 1e-3},
     }
     members: dict[str, Path | bytes] = {
         "model.onnx": model,
-        "validation.json": json.dumps({"sample": int(sample.shape[0])}).encode(),
-        "sample/inputs.npz": npz(input=sample),
-        "sample/expected.npz": npz(logits=expected),
+        "validation.json": json.dumps({"sample": int(next(iter(sample.values())).shape[0])}).encode(),
+        "sample/inputs.npz": npz(sample),
+        "sample/expected.npz": npz(expected),
     }
     write_bundle(out, manifest, members, secret_key)
     return out

@@ -305,6 +305,28 @@ def check_infer_fp32(ctx: SuiteContext) -> dict[str, Any]:
     return {"max_abs_err_tensor": err_t, "max_abs_err_image": err_i, "daemon_isa": daemon_isa}
 
 
+def check_top_over_ssh(ctx: SuiteContext) -> dict[str, Any]:
+    """``cuvil-edge top --ssh`` reaches the board's daemon through deploy's SSH forward (the daemon's
+    loopback port, not the port QEMU forwards) and shows the model row and the memory line."""
+    b = ctx.board
+    args = ["top", "--ssh", f"{b.user}@{b.host}:{b.ssh_port}", "--daemon-port", str(DAEMON_PORT), "--once",
+            "--interval", "1"]
+    if b.key is not None:
+        args += ["--identity", str(b.key)]
+    if b.known_hosts is not None:
+        args += ["--known-hosts", str(b.known_hosts)]
+    res = ctx.cli(*args, timeout=300)
+    out = res.stdout
+    _expect(res.returncode == 0, f"top --ssh exited {res.returncode}: {(res.stderr or out).strip()[-600:]}")
+    from hil.bundles import MODEL_NAME
+
+    rows = [ln for ln in out.splitlines() if MODEL_NAME in ln]
+    memory = [ln for ln in out.splitlines() if "budget" in ln.lower()]
+    _expect(bool(rows), f"top --ssh shows no row for {MODEL_NAME}:\n{out[-1500:]}")
+    _expect(bool(memory), f"top --ssh shows no memory budget line:\n{out[-1500:]}")
+    return {"model_row": " ".join(rows[0].split()), "memory_line": " ".join(memory[0].split())}
+
+
 def check_identity(ctx: SuiteContext) -> dict[str, Any]:
     """``cuvil-edge status`` probes the board: architecture, and the personality's Jetson identity."""
     res = ctx.cli("status", *ctx.device_args(), "--json")
@@ -488,6 +510,7 @@ CHECKS: tuple[Check, ...] = (
     Check("install_daemon_ready", check_install_daemon, True),
     Check("deploy_fresh", check_deploy_fresh, True),
     Check("infer_equals_fp32", check_infer_fp32, True),
+    Check("top_over_ssh", check_top_over_ssh, True),
     Check("board_identity", check_identity, False),
     Check("tegrastats_standin", check_tegrastats, False),
     Check("deploy_upgrade", check_deploy_upgrade, False),
