@@ -49,9 +49,9 @@ sys.path.insert(0, str(ROOT / "tests" / "engines"))
 def _run(devices: list[Any], source: Any, cache_root: Path, cli: list[str], rebuild: bool) -> dict[str, Any]:
     import asyncio
 
+    from cuvil_edge.bundle.engine_store import EngineStore
     from cuvil_edge.deploy.engines import ensure_engine, ensure_engines
     from cuvil_edge.deploy.transport import run_sync
-    from cuvil_edge.packager.engine_store import EngineStore
 
     kw = {"cache": EngineStore(cache_root), "device_cli": cli, "builder": "standin", "reload": False}
     t0 = time.monotonic()

@@ -32,7 +32,6 @@ app = typer.Typer(
 # Modules that add commands with ``register(app)``. Order is the order in --help.
 _COMMAND_MODULES: tuple[str, ...] = (
     "cuvil_edge.packager.cli",
-    "cuvil_edge.packager.engine_cli",
     "cuvil_edge.bundle.cli",
     "cuvil_edge.demo",
     "cuvil_edge.telemetry.cli",
@@ -78,7 +77,7 @@ def _build_on_devices(*args: object, **kwargs: object) -> None:
 def _register_all() -> None:
     for name in _COMMAND_MODULES:
         module = importlib.import_module(name)
-        if name == "cuvil_edge.packager.engine_cli":
+        if name == "cuvil_edge.packager.cli":
             module.register(app, build_on_devices=_build_on_devices)
         else:
             module.register(app)

@@ -34,6 +34,8 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from cuvil_edge.bundle.engine_key import major_minor
+from cuvil_edge.bundle.engine_plan import load_plan
 from cuvil_edge.bundle.engine_store import (
     EngineError,
     EngineRecord,
@@ -44,7 +46,6 @@ from cuvil_edge.bundle.engine_store import (
     sha256_file,
 )
 from cuvil_edge.errors import ModelError
-from cuvil_edge.packager.engine import _mm, load_plan
 
 __all__ = ["BUILDERS", "RECORD_PREFIX", "BuildStopped", "build_into_store"]
 
@@ -107,7 +108,7 @@ def build_into_store(
         trt_version = installed_tensorrt_version()  # raises TensorRTMissing naming the extra
     key = key_for_facts(facts, dla, trt_version)
     pkey = plan["engine_key"]
-    if _mm(str(pkey["tensorrt"])) != _mm(key.tensorrt) or str(pkey["sm"]) != key.sm or pkey.get("dla_core") != dla:
+    if major_minor(str(pkey["tensorrt"])) != major_minor(key.tensorrt) or str(pkey["sm"]) != key.sm or pkey.get("dla_core") != dla:
         raise EngineError(f"{plan_path}: plan is for TensorRT {pkey['tensorrt']} SM {pkey['sm']}, this device is "
                           f"{key.slug}; use the bundle's plan for TensorRT {key.tensorrt}")
     onnx_path = Path(onnx_path)

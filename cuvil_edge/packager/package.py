@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 import onnx
 
+from cuvil_edge.bundle.manifest import Manifest
 from cuvil_edge.bundle.names import check_bundle_names
 from cuvil_edge.errors import DataError, KernelError, ModelError, QuantizationError, RecipeError
 from cuvil_edge.packager.data import Dataset, InputSpec, load_dataset
@@ -315,26 +316,29 @@ def package(
     with tempfile.TemporaryDirectory(prefix="cuvil-pack-") as tmp:
         model_file = Path(tmp) / "model.onnx"
         model_file.write_bytes(qbytes)
-        manifest: dict[str, Any] = {
-            "name": recipe.name,
-            "version": recipe.version,
-            "target": target.to_dict(),
-            "precision": recipe.precision,
-            "format_kind": target.runtime_format,
-            "model": "model.onnx",
-            "inputs": _spec_list(inputs),
-            "outputs": _spec_list(outputs),
-            "max_batch": recipe.max_batch,
-            "preprocess": recipe.preprocess,
-            "postprocess": recipe.postprocess,
-            "latency_target_ms": {"p95": recipe.latency_p95_ms} if recipe.latency_p95_ms else {},
-            "validation": {"report": "validation.json", "sample_inputs": "sample/inputs.npz",
-                           "sample_expected": "sample/expected.npz", **tolerance},
-            "layer_precisions": {"fp16": qinfo.get("fp16_nodes") or [], "fp32": qinfo.get("fp32_nodes") or []},
-            "engines": [],
-            "build_plans": [],
-            "plugins": {},
-        }
+        fp16_nodes, fp32_nodes = qinfo.get("fp16_nodes") or [], qinfo.get("fp32_nodes") or []
+        # ``files`` (and ``format``) are filled in by write_bundle from the members.
+        manifest = Manifest(
+            name=recipe.name,
+            version=recipe.version,
+            target=target.to_dict(),
+            precision=recipe.precision,
+            format_kind=target.runtime_format,
+            model="model.onnx",
+            inputs=_spec_list(inputs),
+            outputs=_spec_list(outputs),
+            files=[],
+            max_batch=recipe.max_batch,
+            preprocess=recipe.preprocess,
+            postprocess=recipe.postprocess,
+            latency_target_ms={"p95": recipe.latency_p95_ms} if recipe.latency_p95_ms else {},
+            validation={"report": "validation.json", "sample_inputs": "sample/inputs.npz",
+                        "sample_expected": "sample/expected.npz", **tolerance},
+            engines=[],
+            build_plans=[],
+            plugins={},
+            raw={"layer_precisions": {"fp16": fp16_nodes, "fp32": fp32_nodes}},
+        )
         members: dict[str, Path | bytes] = {"model.onnx": model_file, "sample/inputs.npz": sample_in,
                                             "sample/expected.npz": sample_out}
         if recipe.source is not None:
@@ -342,16 +346,17 @@ def package(
         else:
             members["recipe.json"] = json.dumps(recipe.to_dict(), indent=2).encode()
         if target.has_gpu:
-            from cuvil_edge.packager.engine import make_build_plan, plan_member_name
+            from cuvil_edge.packager.engine_plan import PlanRequest, make_build_plan, plan_member_name
 
+            request = PlanRequest.from_manifest(manifest, layer_fp16=fp16_nodes, layer_fp32=fp32_nodes)
             for release in target.releases:
-                plan = make_build_plan(model_file, manifest, target, release)
+                plan = make_build_plan(model_file, request, target, release)
                 name = plan_member_name(plan)
                 members[name] = (json.dumps(plan, indent=2, sort_keys=True) + "\n").encode()
-                manifest["build_plans"].append({"tensorrt": release.tensorrt, "path": name})
+                manifest.build_plans.append({"tensorrt": release.tensorrt, "path": name})
         for name, path in _plugins(target, say).items():
             members[name] = path
-            manifest["plugins"].setdefault(target.plugin_platform, []).append(name)
+            manifest.plugins.setdefault(target.plugin_platform, []).append(name)
         report = {
             "model": str(model_path),
             "target": target.name,
@@ -369,7 +374,7 @@ def package(
         from cuvil_edge.bundle import write_bundle
 
         say(f"writing {out}")
-        written = write_bundle(out, manifest, members, key)
+        written = write_bundle(out, manifest.to_dict(), members, key)
     timings["bundle"] = time.perf_counter() - t
     timings["total"] = time.perf_counter() - t0
     return PackageResult(Path(out), written.to_dict(), report, timings)

@@ -36,7 +36,7 @@ def make_engine_bundle(out: Path, secret_key: Path, version: str, model: Path, n
 
     from cuvil_edge.bundle import write_bundle
     from cuvil_edge.models.digits import load_digits_data
-    from cuvil_edge.packager.engine import make_build_plan, plan_member_name
+    from cuvil_edge.packager.engine_plan import make_build_plan, plan_member_name
     from cuvil_edge.targets import get_target
 
     x, _ = load_digits_data()

@@ -15,11 +15,8 @@ import numpy as np
 import pytest
 from engine_harness import KEY_SLUG, fake_board, make_engine_bundle, second_model
 
-from cuvil_edge.deploy.probe import DeviceFacts, probe_local
-from cuvil_edge.packager.engine import EngineKey, make_build_plan
-from cuvil_edge.packager.engine_device import RECORD_PREFIX, build_into_store
-from cuvil_edge.packager.engine_standin import STANDIN_MAGIC, read_standin_plan, standin_plan_bytes
-from cuvil_edge.packager.engine_store import (
+from cuvil_edge.bundle.engine_key import EngineKey
+from cuvil_edge.bundle.engine_store import (
     EngineError,
     EngineRecord,
     EngineStore,
@@ -27,6 +24,10 @@ from cuvil_edge.packager.engine_store import (
     key_for_facts,
     sha256_bytes,
 )
+from cuvil_edge.deploy.probe import DeviceFacts, probe_local
+from cuvil_edge.packager.engine_device import RECORD_PREFIX, build_into_store
+from cuvil_edge.packager.engine_plan import make_build_plan
+from cuvil_edge.packager.engine_standin import STANDIN_MAGIC, read_standin_plan, standin_plan_bytes
 from cuvil_edge.runtime.trt_select import choose_engine
 from cuvil_edge.targets import get_target
 
@@ -248,9 +249,9 @@ class TestDaemonChoice:
 
 
 @pytest.mark.parametrize("name,members", [
-    ("cuvil_edge.packager.engine_store", ["RECORD_FORMAT", "EngineError", "EngineRecord", "EngineStore",
-                                         "host_engine_cache", "key_for_facts", "plan_matches_key", "sha256_bytes",
-                                         "sha256_file"]),
+    ("cuvil_edge.bundle.engine_store", ["RECORD_FORMAT", "EngineError", "EngineRecord", "EngineStore",
+                                       "host_engine_cache", "key_for_facts", "plan_matches_key", "sha256_bytes",
+                                       "sha256_file"]),
     ("cuvil_edge.packager.engine_device", ["BUILDERS", "RECORD_PREFIX", "BuildStopped", "build_into_store"]),
     ("cuvil_edge.packager.engine_standin", ["STANDIN_MAGIC", "main", "read_standin_plan", "standin_plan_bytes"]),
     ("cuvil_edge.deploy.engines", ["BundleEngineSource", "EngineOutcome", "choose_plan", "ensure_engine",

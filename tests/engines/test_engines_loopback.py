@@ -22,8 +22,8 @@ import numpy as np
 import pytest
 from engine_harness import DEVICE_CLI, KEY_SLUG, REPO
 
+from cuvil_edge.bundle.engine_store import EngineStore
 from cuvil_edge.cli import main
-from cuvil_edge.packager.engine_store import EngineStore
 
 pytestmark = pytest.mark.slow
 

@@ -12,18 +12,15 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from cuvil_edge.bundle.engine_key import EngineKey, engine_cache_key
+from cuvil_edge.bundle.engine_plan import PLAN_FORMAT, load_plan, validate_plan
+from cuvil_edge.bundle.engine_store import EngineStore
 from cuvil_edge.errors import CuvilEdgeError, ModelError, RecipeError
-from cuvil_edge.packager.engine import (
-    PLAN_FORMAT,
-    EngineFromOnnx,
-    EngineKey,
-    build_engine,
-    engine_cache_key,
-    load_plan,
+from cuvil_edge.packager.engine_build import EngineFromOnnx, build_engine
+from cuvil_edge.packager.engine_plan import (
     make_build_plan,
     make_build_plans,
     plan_member_name,
-    validate_plan,
     workspace_bytes,
 )
 from cuvil_edge.targets import JetPackRelease, get_target
@@ -228,8 +225,6 @@ class TestKeysAndCache:
         # Same board type, different model -> same key, different cache entry.
         c = make_build_plan(models["digits"], {"precision": "fp16"}, target, rel)
         assert c["engine_key"] == a["engine_key"]
-        from cuvil_edge.packager.engine_store import EngineStore
-
         store, key = EngineStore(Path("/nonexistent-root")), EngineKey.from_dict(a["engine_key"])
         assert store.plan_path(key, a["model"]["sha256"]) != store.plan_path(key, c["model"]["sha256"])
 

@@ -11,9 +11,9 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from cuvil_edge.errors import ModelError
+from cuvil_edge.packager.cli import inspect_cmd
 from cuvil_edge.packager.inspect import (
     dla_available,
-    inspect_cmd,
     inspect_model,
     optimization_profiles,
     parser_snapshot,

@@ -184,7 +184,8 @@ def test_package_refuses_a_model_trt_would_reject():
 
 
 def test_plan_carries_the_fp16_tier_as_flags_or_casts(digits_trt, tmp_path):
-    from cuvil_edge.packager.engine import _with_fp16_casts, make_build_plan
+    from cuvil_edge.packager.engine_build import _with_fp16_casts
+    from cuvil_edge.packager.engine_plan import make_build_plan
 
     quantized, _ = digits_trt
     path = tmp_path / "m.onnx"

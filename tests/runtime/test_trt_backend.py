@@ -386,7 +386,8 @@ class TestOnDevice:
         import tensorrt
 
         from cuvil_edge.models import build_digits_cnn
-        from cuvil_edge.packager.engine import EngineFromOnnx, make_build_plan
+        from cuvil_edge.packager.engine_build import EngineFromOnnx
+        from cuvil_edge.packager.engine_plan import make_build_plan
         from cuvil_edge.runtime.ort import OrtBackend
         from cuvil_edge.targets import JetPackRelease, get_target
 
