@@ -115,10 +115,9 @@ class TestPackagerErrorLines:
         assert not out.parent.exists()
 
 
-@pytest.mark.xfail(strict=False, reason="issue #14 item: INT8 calibration fails for some sample counts "
-                                        "(chunked batches); fixed by the packager work")
 @pytest.mark.parametrize("samples", [30, 80])
 def test_int8_calibration_sample_counts(tmp_path, keypair, samples):
+    """Sample counts that are not a multiple of the calibration batch package (they failed once)."""
     from cuvil_edge.packager.package import package
     from cuvil_edge.recipes import load_recipe
 
