@@ -17,8 +17,9 @@ typedef struct {
 static void normalize_range(void *p, size_t y0, size_t y1) {
     const normalize_ctx *c = p;
     const size_t es = cuvil_dtype_size(c->dtype);
-    cuvil_table.normalize[c->dtype](c->src + y0 * c->src_stride, c->src_stride, c->width, y1 - y0, c->swap, c->mean,
-                                c->inv_std, c->dst + y0 * c->width * es, c->width * es, c->height * c->width * es);
+    cuvil_table.normalize[c->dtype](c->src + y0 * c->src_stride, c->src_stride, c->width, y1 - y0, c->swap,
+                                    c->mean, c->inv_std, c->dst + y0 * c->width * es, c->width * es,
+                                    c->height * c->width * es);
 }
 
 int cuvil_normalize(const uint8_t *src, size_t height, size_t width, size_t src_stride, int swap,
