@@ -71,6 +71,6 @@ def _as_read_before(data: dict[str, Any]) -> Manifest:
         outputs=listed("outputs"),
         files=files,
         max_batch=max_batch if isinstance(max_batch, int) and not isinstance(max_batch, bool) else 1,
-        engines=[e for e in listed("engines") if isinstance(e, Mapping)],
+        engines=[dict(e) for e in listed("engines") if isinstance(e, Mapping)],
         raw=data,
     )
