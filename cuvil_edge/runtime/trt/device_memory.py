@@ -65,7 +65,8 @@ class PyCudaOps:
         return self.cuda.pagelocked_empty(shape, dtype, mem_flags=flags)
 
     def device_alias(self, host: np.ndarray) -> int:
-        return int(host.base.get_device_pointer())
+        allocation: Any = host.base  # pycuda's PagelockedHostAllocation (numpy types .base as an ndarray)
+        return int(allocation.get_device_pointer())
 
     def _allocation_root(self, arr: np.ndarray) -> np.ndarray | None:
         # pagelocked_empty returns an ndarray whose .base is pycuda's PagelockedHostAllocation
@@ -81,8 +82,9 @@ class PyCudaOps:
         root = self._allocation_root(arr)
         if root is None:
             return None
+        allocation: Any = root.base
         try:
-            base_ptr = int(root.base.get_device_pointer())
+            base_ptr = int(allocation.get_device_pointer())
         except self.cuda.Error:  # page-locked but not mapped
             return None
         return base_ptr + (arr.ctypes.data - root.ctypes.data)
