@@ -8,11 +8,11 @@ ONNX Runtime otherwise. Backend modules import lazily, so this package imports a
 from __future__ import annotations
 
 import importlib
-from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
+from cuvil_edge.bundle.manifest import Manifest
 from cuvil_edge.errors import DaemonError
+from cuvil_edge.runtime._manifest import ManifestLike, as_manifest
 from cuvil_edge.runtime.base import (
     Backend,
     BackendOptions,
@@ -59,16 +59,15 @@ def backend_class(kind: str) -> type[Backend]:
     return getattr(module, cls_name)
 
 
-def _wants_tensorrt(bundle_dir: Path, manifest: Mapping[str, Any]) -> bool:
-    if manifest.get("format_kind") != "tensorrt":
+def _wants_tensorrt(bundle_dir: Path, manifest: Manifest) -> bool:
+    if manifest.format_kind != "tensorrt":
         return False
-    engines = manifest.get("engines") or []
-    return any((Path(bundle_dir) / str(e.get("path", ""))).is_file() for e in engines)
+    return any((Path(bundle_dir) / str(e.get("path", ""))).is_file() for e in manifest.engines)
 
 
 def load_backend(
     bundle_dir: Path,
-    manifest: Mapping[str, Any],
+    manifest: ManifestLike,
     options: BackendOptions | None = None,
     kind: str | None = None,
 ) -> Backend:
@@ -76,7 +75,8 @@ def load_backend(
 
     Args:
         bundle_dir (Path): the bundle directory.
-        manifest (Mapping[str, Any]): its manifest (dict form, docs/bundle-format.md).
+        manifest (Manifest | Mapping[str, Any]): its manifest; the dict form (docs/bundle-format.md)
+            is read through :class:`~cuvil_edge.bundle.manifest.Manifest`.
         options (BackendOptions | None): runtime options. Defaults to ``BackendOptions()``.
         kind (str | None): force a backend (``"ort"``/``"tensorrt"``). Defaults to TensorRT when
             the bundle is a TensorRT bundle with an engine present and TensorRT imports here,
@@ -85,6 +85,7 @@ def load_backend(
     Raises:
         DaemonError: a forced backend is not available here.
     """
+    manifest = as_manifest(manifest)
     options = options or BackendOptions()
     if kind is None:
         kind = "ort"

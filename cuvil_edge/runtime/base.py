@@ -7,13 +7,13 @@ hooks a backend overrides. A backend is a context manager::
     with OrtBackend.from_bundle(bundle_dir, manifest) as backend:
         outputs = backend.infer({"input": batch})
 
-Writing a backend (``runtime/trt.py`` follows this):
+Writing a backend (``runtime/trt/backend.py`` follows this):
 
 * subclass :class:`Backend`; set the class attribute ``kind`` (``"ort"``, ``"tensorrt"``);
 * ``available() -> tuple[bool, str]`` (staticmethod): whether the runtime imports here, and if
   not the reason (shown by the loader and used by tests to skip);
 * ``from_bundle(bundle_dir, manifest, options) -> Backend`` (classmethod): pick the artefact
-  (``model.onnx``, ``engines/<key>.engine``) from the manifest dict (docs/bundle-format.md) and construct,
+  (``model.onnx``, ``engines/<key>.engine``) from the manifest (a typed ``Manifest``; docs/bundle-format.md) and construct,
   cheaply: nothing heavy happens before ``activate``;
 * ``activate_impl()`` loads the session/engine; ``deactivate_impl()`` frees it;
 * ``infer_impl(feed, outputs)`` takes C-contiguous numpy arrays keyed by input name, whose first
@@ -36,11 +36,14 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from cuvil_edge.errors import DaemonError, ModelError
+
+if TYPE_CHECKING:
+    from cuvil_edge.runtime._manifest import ManifestLike
 
 __all__ = [
     "Backend",
@@ -204,9 +207,13 @@ class Backend(abc.ABC):
     @classmethod
     @abc.abstractmethod
     def from_bundle(
-        cls, bundle_dir: Path, manifest: Mapping[str, Any], options: BackendOptions | None = None
+        cls, bundle_dir: Path, manifest: ManifestLike, options: BackendOptions | None = None
     ) -> Backend:
-        """Construct (without activating) from an extracted bundle directory and its manifest."""
+        """Construct (without activating) from an extracted bundle directory and its manifest.
+
+        ``manifest`` is a :class:`~cuvil_edge.bundle.manifest.Manifest` or its dict form; read it
+        through :func:`cuvil_edge.runtime._manifest.as_manifest`.
+        """
 
     # ----------------------------------------------------------------- hooks
 

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from cuvil_edge.errors import DaemonError, ModelError
+from cuvil_edge.runtime._manifest import ManifestLike, as_manifest
 from cuvil_edge.runtime.base import Backend, BackendOptions, Footprint, TensorSpec, dtype_of
 
 __all__ = ["OrtBackend", "rss_bytes"]
@@ -108,13 +109,14 @@ class OrtBackend(Backend):
 
     @classmethod
     def from_bundle(
-        cls, bundle_dir: Path, manifest: Mapping[str, Any], options: BackendOptions | None = None
+        cls, bundle_dir: Path, manifest: ManifestLike, options: BackendOptions | None = None
     ) -> OrtBackend:
-        model = Path(bundle_dir) / str(manifest.get("model") or "model.onnx")
+        manifest = as_manifest(manifest)
+        model = Path(bundle_dir) / manifest.model
         if not model.is_file():
             raise ModelError(f"{model}: the bundle's model file is missing (manifest field 'model')")
-        name = f"{manifest.get('name', model.stem)}:{manifest.get('version', '?')}"
-        return cls(model, options=options, name=name, exact_qdq=manifest.get("format_kind") == "tensorrt")
+        name = f"{manifest.name or model.stem}:{manifest.version or '?'}"
+        return cls(model, options=options, name=name, exact_qdq=manifest.format_kind == "tensorrt")
 
     def providers(self) -> list[Any]:
         """The execution providers this backend asks for, in priority order."""

@@ -13,12 +13,12 @@ as warnings: a bad engine never stops a bundle from serving.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from cuvil_edge.runtime.base import Backend, BackendOptions, TensorSpec
+from cuvil_edge.runtime._manifest import ManifestLike, as_manifest
+from cuvil_edge.runtime.base import Backend, BackendOptions
 
 __all__ = ["EngineChoice", "backend_for_choice", "bundle_model_sha256", "choose_engine", "device_engine_key"]
 
@@ -75,21 +75,21 @@ def device_engine_key(root: str = "/", dla_core: int | None = None) -> tuple[Any
         return None, str(exc)
 
 
-def bundle_model_sha256(bundle_dir: Path, manifest: Mapping[str, Any]) -> str:
+def bundle_model_sha256(bundle_dir: Path, manifest: ManifestLike) -> str:
     """The sha256 of the bundle's model: the manifest's file entry (checked at install), else hashed."""
     from cuvil_edge.bundle.engine_store import sha256_file
 
-    model = str(manifest.get("model") or "model.onnx")
-    for entry in manifest.get("files") or []:
-        if isinstance(entry, Mapping) and entry.get("path") == model and entry.get("sha256"):
-            return str(entry["sha256"])
-    return sha256_file(Path(bundle_dir) / model)
+    manifest = as_manifest(manifest)
+    for entry in manifest.files:
+        if entry.path == manifest.model and entry.sha256:
+            return entry.sha256
+    return sha256_file(Path(bundle_dir) / manifest.model)
 
 
 def choose_engine(
     engines_root: Path,
     bundle_dir: Path,
-    manifest: Mapping[str, Any],
+    manifest: ManifestLike,
     root: str = "/",
     dla_core: int | None = None,
     allow_standin: bool = False,
@@ -100,7 +100,7 @@ def choose_engine(
     Args:
         engines_root (Path): ``<store>/engines``.
         bundle_dir (Path): the extracted bundle.
-        manifest (Mapping[str, Any]): its manifest.
+        manifest (Manifest | Mapping[str, Any]): its manifest (the dict form is read as a ``Manifest``).
         root (str): system root for the device's facts. Defaults to ``/``.
         dla_core (int | None): the DLA core engines should run on. Defaults to the GPU.
         allow_standin (bool): serve stand-in engines (tests without TensorRT). Defaults to False.
@@ -108,10 +108,11 @@ def choose_engine(
     """
     from cuvil_edge.bundle.engine_store import EngineError, EngineStore
 
-    name = f"{manifest.get('name')} {manifest.get('version')}"
-    choice = EngineChoice(precision=str(manifest.get("precision", "")))
-    if manifest.get("format_kind") != "tensorrt":
-        return choice.fall_back(f"bundle format {manifest.get('format_kind')!r} is not for TensorRT")
+    manifest = as_manifest(manifest)
+    name = f"{manifest.name} {manifest.version}"
+    choice = EngineChoice(precision=manifest.precision)
+    if manifest.format_kind != "tensorrt":
+        return choice.fall_back(f"bundle format {manifest.format_kind!r} is not for TensorRT")
     if device == "cpu":
         return choice.fall_back("daemon runs with --device cpu")
     key, why = device_engine_key(root, dla_core)
@@ -145,21 +146,21 @@ def choose_engine(
     return choice
 
 
-def backend_for_choice(choice: EngineChoice, manifest: Mapping[str, Any], options: BackendOptions) -> Backend:
+def backend_for_choice(choice: EngineChoice, manifest: ManifestLike, options: BackendOptions) -> Backend:
     """Construct (not activate) the backend of an engine choice other than ONNX Runtime."""
-    name = f"{manifest.get('name', 'model')}:{manifest.get('version', '?')}"
+    manifest = as_manifest(manifest)
+    name = f"{manifest.name or 'model'}:{manifest.version or '?'}"
     assert choice.engine_path is not None
     if choice.backend == STANDIN:
         from cuvil_edge.runtime.trt_standin import TrtStandinBackend
 
         return TrtStandinBackend(Path(choice.engine_path), options, name, expect_model_sha256=choice.model_sha256)
     from cuvil_edge.runtime.trt import TrtBackend
+    from cuvil_edge.runtime.trt.backend import declared_specs
 
     if choice.plugins:
         # The model's plugins were registered for the build; they must be before deserializing.
         import dataclasses
 
         options = dataclasses.replace(options, extra={**options.extra, "python_plugins": True})
-    specs = ([TensorSpec.from_manifest(e) for e in manifest.get("inputs") or []],
-             [TensorSpec.from_manifest(e) for e in manifest.get("outputs") or []])
-    return TrtBackend(Path(choice.engine_path), options, name=name, specs=specs)
+    return TrtBackend(Path(choice.engine_path), options, name=name, specs=declared_specs(manifest))

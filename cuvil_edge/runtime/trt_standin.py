@@ -11,10 +11,10 @@ A real TensorRT plan is refused here (it needs :class:`~cuvil_edge.runtime.trt.T
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from pathlib import Path
 
 from cuvil_edge.errors import DaemonError
+from cuvil_edge.runtime._manifest import ManifestLike
 from cuvil_edge.runtime.base import BackendOptions
 from cuvil_edge.runtime.ort import OrtBackend
 
@@ -43,7 +43,7 @@ class TrtStandinBackend(OrtBackend):
         self._onnx: bytes | None = None
 
     @classmethod
-    def from_bundle(cls, bundle_dir: Path, manifest: Mapping[str, object],
+    def from_bundle(cls, bundle_dir: Path, manifest: ManifestLike,
                     options: BackendOptions | None = None) -> TrtStandinBackend:
         raise DaemonError("the stand-in TensorRT runtime loads engines from the engine store, not from bundles")
 

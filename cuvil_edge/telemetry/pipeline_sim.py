@@ -24,7 +24,9 @@ with a video-style stream:
 Every ``telemetry_interval_s`` the pipeline reports its load to the board
 (:meth:`SimulatedBoard.report_load`), takes a sample and, in adaptive mode, feeds it to a
 :class:`~cuvil_edge.daemon.scheduler.MemoryScheduler` and a
-:class:`~cuvil_edge.daemon.scheduler.PrefetchController`, exactly as the daemon wires them.
+:class:`~cuvil_edge.daemon.scheduler.PrefetchController`, exactly as the daemon wires them. It
+knows them only by the protocols of :mod:`cuvil_edge.telemetry.control` (telemetry sits below the
+daemon and does not import it).
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from collections import deque
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from cuvil_edge.telemetry.control import DepthControl, MemoryControl
 from cuvil_edge.telemetry.sample import Sample
 from cuvil_edge.telemetry.sim import SimulatedBoard
 
@@ -144,8 +147,10 @@ class PipelineSim:
         board (SimulatedBoard): the board (scenarios already scheduled on it).
         workload (Workload | None): the stream. Defaults to ``Workload()``.
         depth (int | None): a fixed prefetch depth; None means adaptive (needs ``controller``).
-        controller (PrefetchController | None): adaptive depth controller.
-        scheduler (MemoryScheduler | None): memory scheduler (admission, ladder, caps).
+        controller (DepthControl | None): adaptive depth controller (the daemon's
+            ``PrefetchController``).
+        scheduler (MemoryControl | None): memory scheduler: admission, ladder, caps (the daemon's
+            ``MemoryScheduler``).
         telemetry_interval_s (float): sampling period. Defaults to 0.5.
         seed (int): random seed. Defaults to 0.
     """
@@ -156,13 +161,11 @@ class PipelineSim:
         workload: Workload | None = None,
         *,
         depth: int | None = None,
-        controller: Any = None,
-        scheduler: Any = None,
+        controller: DepthControl | None = None,
+        scheduler: MemoryControl | None = None,
         telemetry_interval_s: float = 0.5,
         seed: int = 0,
     ) -> None:
-        if depth is None and controller is None:
-            raise ValueError("give a fixed depth or a controller")
         self.board = board
         self.w = workload or Workload()
         self.fixed_depth = depth
@@ -170,7 +173,12 @@ class PipelineSim:
         self.scheduler = scheduler
         self.dt = telemetry_interval_s
         self.rng = random.Random(seed)
-        self.depth = depth if depth is not None else controller.depth
+        if depth is not None:
+            self.depth = depth
+        elif controller is not None:
+            self.depth = controller.depth
+        else:
+            raise ValueError("give a fixed depth or a controller")
 
     # ------------------------------------------------------------------ run
 
@@ -387,7 +395,8 @@ class PipelineSim:
                         sample, q95, w.latency_target_ms, memory_level=level, gpu_busy_pct=100 * busy,
                         prefetch_wait_p95_ms=pw95, exec_ms=exec_ms,
                         depth_blocked_pct=blocked_pct,
-                        **({"pre_ms": pre_batch_ms, "pre_workers": w.cpu_workers} if w.pre_parallel else {}),
+                        pre_ms=pre_batch_ms if w.pre_parallel else None,
+                        pre_workers=w.cpu_workers if w.pre_parallel else None,
                     )
                     if self.scheduler is not None:
                         batch_bytes = self.scheduler.batch_cap(w.max_batch, w.bytes_per_frame) * w.bytes_per_frame

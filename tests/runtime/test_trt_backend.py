@@ -403,14 +403,43 @@ class TestOnDevice:
 
 
 def test_pressure_trims_the_shared_arena(monkeypatch):
+    # The daemon calls trim_shared_arena through the package (sys.modules["cuvil_edge.runtime.trt"]);
+    # the arena itself is a global of the scratch module, where the function looks it up.
     import cuvil_edge.runtime.trt as trt
+    import cuvil_edge.runtime.trt.scratch as scratch
 
     arena = ScratchArena(HostDeviceOps(), slots=2)
-    monkeypatch.setattr(trt, "_ARENA", arena)
+    monkeypatch.setattr(scratch, "_ARENA", arena)
     arena.register("m", 4096)
     for grant in [arena.acquire(), arena.acquire()]:
         arena.release(grant[0])
     assert arena.reserved_bytes == 8192
     assert trt.trim_shared_arena() == 8192 and arena.reserved_bytes == 0
-    monkeypatch.setattr(trt, "_ARENA", None)
+    monkeypatch.setattr(scratch, "_ARENA", None)
     assert trt.trim_shared_arena() == 0
+
+
+def test_shared_arena_is_one_per_process(monkeypatch):
+    import cuvil_edge.runtime.trt.scratch as scratch
+
+    monkeypatch.setattr(scratch, "_ARENA", None)
+    first = scratch.shared_arena(HostDeviceOps(), slots=3)
+    assert scratch.shared_arena(HostDeviceOps(), slots=1) is first and first.slots == 3
+
+
+def test_package_keeps_the_names_of_the_former_module():
+    """``runtime/trt`` was one module; every name imported from it then still imports from the package."""
+    import importlib
+
+    import cuvil_edge.runtime.trt as trt
+
+    assert sorted(trt.__all__) == [
+        "DeviceOps", "IOSlot", "PyCudaOps", "ScratchArena", "TensorBinding", "TensorRTMissing", "TrtBackend",
+        "choose_placement", "import_tensorrt", "installed_tensorrt_version", "local_l4t", "pad_batch", "run_slot",
+        "select_engine", "shared_arena", "trim_shared_arena"]
+    for job in ("backend", "device_memory", "engine_choice", "io_buffers", "scratch", "tensorrt_import"):
+        module = importlib.import_module(f"cuvil_edge.runtime.trt.{job}")
+        for name in module.__all__:
+            assert getattr(module, name).__module__ == module.__name__, f"{job}.{name} is defined elsewhere"
+            if name in trt.__all__:
+                assert getattr(trt, name) is getattr(module, name)

@@ -86,6 +86,44 @@ CUVIL_HIDDEN size_t cuvil_sve_cntb(void);
 #endif
 #endif
 
+// ---------------------------------------------------------------- the dispatch table (dispatch.c)
+// One kernel per op, filled once when the library loads (and by cuvil_select_isa). The entry
+// points (entry_checks.c, resize_tables.c, nms_sort.c) call through it; they refuse to run while
+// cuvil_status is not CUVIL_OK (a rejected CUVIL_FORCE_ISA).
+typedef struct {
+    cuvil_normalize_fn normalize[2];  // [dtype]
+    cuvil_resize_fn resize[2];
+    cuvil_quantize_fn quantize;
+    cuvil_dequantize_fn dequantize;
+    cuvil_softmax_fn softmax;
+    cuvil_nms_decode_fn nms_decode;
+    cuvil_nms_suppress_fn nms_suppress;
+} cuvil_kernel_set;
+
+extern CUVIL_HIDDEN cuvil_kernel_set cuvil_table;
+extern CUVIL_HIDDEN int cuvil_status;
+
+#define CHECK_READY()                                    \
+    do {                                                 \
+        if (cuvil_status != CUVIL_OK) return cuvil_status; \
+    } while (0)
+
+static inline size_t cuvil_dtype_size(int dtype) { return dtype == CUVIL_F16 ? 2 : 4; }
+
+// ---------------------------------------------------------------- CPU probe (cpu_probe.c)
+// Bit mask (1 << enum cuvil_isa) of the ISAs this CPU and this build offer; *vector_bytes gets
+// the SVE vector length (0 without SVE). Reads HWCAP once; needs no SVE itself.
+CUVIL_HIDDEN unsigned cuvil_probe_isas(size_t *vector_bytes);
+
+// ---------------------------------------------------------------- thread pool (thread_pool.c)
+// fn(ctx, begin, end) over [0, n) split into up to cuvil_get_threads() contiguous ranges of at
+// least min_chunk items; every range computes what a single call would, so results never depend
+// on the thread count.
+typedef void (*cuvil_range_fn)(void *ctx, size_t begin, size_t end);
+CUVIL_HIDDEN void cuvil_parallel_for(size_t n, size_t min_chunk, cuvil_range_fn fn, void *ctx);
+// Called once at load: reads CUVIL_NUM_THREADS and makes a forked child start a fresh pool.
+CUVIL_HIDDEN void cuvil_pool_init(void);
+
 // ---------------------------------------------------------------- shared helpers
 static inline uint32_t cuvil_f32_bits(float f) {
     uint32_t u;
