@@ -285,18 +285,37 @@ class Resources:
         task.add_done_callback(lambda t: t.exception())
 
     def _reload_after_pressure(self, new: Any, old: Any, reason: str) -> None:
-        """Level listener: back at NORMAL, load again what the ladder unloaded."""
+        """Level listener: back at NORMAL, load again what the ladder unloaded, one at a time.
+
+        One after another, so each load is admitted against what the previous ones really took
+        and measured alone (loads side by side each counted the others' growth as their own, and
+        pushed the daemon over its budget again on the emulated board); a level that rises again
+        stops the rest, which wait for the next return to NORMAL.
+        """
         if int(new) != 0 or not self.unloaded_by_pressure or self.registry is None:
             return
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:
             return
-        for model in sorted(self.unloaded_by_pressure):
-            log.warning("memory pressure over: loading %s again", model)
-            task = loop.create_task(self.registry.load(model))
-            task.add_done_callback(lambda t: t.exception())
+        pending = sorted(self.unloaded_by_pressure)
         self.unloaded_by_pressure.clear()
+        registry, scheduler = self.registry, self.scheduler
+
+        async def reload_in_turn() -> None:
+            for i, model in enumerate(pending):
+                if scheduler is not None and int(scheduler.level) != 0:
+                    self.unloaded_by_pressure.update(pending[i:])
+                    log.warning("memory pressure again: %s wait for the next calm", ", ".join(pending[i:]))
+                    return
+                log.warning("memory pressure over: loading %s again", model)
+                try:
+                    await registry.load(model)
+                except Exception as exc:  # refused by admission, or a load error: logged by the registry
+                    log.warning("loading %s again failed: %s", model, exc)
+
+        task = loop.create_task(reload_in_turn())
+        task.add_done_callback(lambda t: t.exception())
 
     def _release_idle(self, names: list[str]) -> None:
         # ONNX Runtime keeps its arena; what the daemon can drop are pooled host buffers. The

@@ -208,6 +208,33 @@ class TestPressureLadder:
         assert unloaded and unloaded[0] == "a"
         assert s.headroom_bytes >= 0 or len(unloaded) == 3
 
+    def test_a_model_that_just_served_is_not_unloaded(self) -> None:
+        """Over budget, the ladder unloads the idle models, never the one whose traffic it serves
+        (idle only between requests): that one is kept until it has been quiet for
+        ``unload_served_within_s``."""
+        now = [1000.0]
+        s = MemoryScheduler(8192 * MiB, reserve_mb=512, clock=lambda: now[0])
+        unloaded: list[str] = []
+
+        def unload(name: str) -> None:
+            unloaded.append(name)
+            s.release(name)
+
+        s.on_step(PressureLevel.UNLOAD_LRU, unload)
+        for n in ("hot", "cold"):
+            s.admit(n, 1000 * MiB)
+            s.measure(n, 1000 * MiB)
+        with s.using("hot"):
+            pass  # one batch at t=1000: "hot" has served and is idle again
+        now[0] += 1.0
+        assert s.lru_idle() == "hot"  # plain LRU would take it: admitted first, idle right now
+        s.update(sample(2000 + 6500))  # another process takes 6.5 GB: far over budget
+        s.update(sample(2000 + 6500))
+        assert unloaded == ["cold"]
+        assert "hot" not in unloaded and s.lru_idle(served_within_s=10) is None
+        now[0] += 10.0  # quiet for 11 s: now it may go
+        assert s.lru_idle(served_within_s=10) == "hot"
+
     def test_a_failing_callback_does_not_stop_the_ladder(self) -> None:
         s = MemoryScheduler(10000 * MiB, reserve_mb=0)
         s.on_step(PressureLevel.SHRINK_PREFETCH, lambda: 1 / 0)

@@ -112,6 +112,10 @@ class PressureThresholds:
     ``psi_some_pct`` raises the level by one (at least SHRINK_PREFETCH), ``full`` avg10 at or above
     ``psi_full_pct`` asks for UNLOAD_LRU, and a new OOM kill in the daemon's cgroup holds REJECT for
     ``oom_kill_hold_s``.
+    ``UNLOAD_LRU`` never picks a model that served within ``unload_served_within_s``: a model
+    with traffic is idle only between its requests, and unloading it fails all of them until it is
+    back (found on the emulated board, where the ladder unloaded the one model under load once the
+    idle ones were gone). Its load is shed by ``REJECT`` instead, with a retry hint.
     """
 
     free_pct: tuple[float, float, float, float, float] = (10.0, 7.0, 5.0, 3.5, 2.0)
@@ -126,6 +130,7 @@ class PressureThresholds:
     psi_full_pct: float = 5.0
     oom_kill_hold_s: float = 3.0
     growth_lookahead_s: float = 1.0
+    unload_served_within_s: float = 10.0
 
 
 @dataclass
@@ -137,6 +142,7 @@ class Reservation:
     measured_bytes: int | None = None
     admitted_at: float = field(default_factory=time.monotonic)
     last_used: float = field(default_factory=time.monotonic)
+    last_served: float | None = None  # the last time it ran a batch or had requests in flight
     busy: int = 0
     context_released: bool = False
 
@@ -422,7 +428,7 @@ class MemoryScheduler:
         with self._lock:
             res = self._res.get(name)
             if res is not None:
-                res.last_used = self._clock()
+                res.last_used = res.last_served = self._clock()
                 res.context_released = False
 
     def begin_use(self, name: str) -> None:
@@ -431,7 +437,7 @@ class MemoryScheduler:
             res = self._res.get(name)
             if res is not None:
                 res.busy += 1
-                res.last_used = self._clock()
+                res.last_used = res.last_served = self._clock()
                 res.context_released = False
 
     def end_use(self, name: str) -> None:
@@ -440,7 +446,7 @@ class MemoryScheduler:
             res = self._res.get(name)
             if res is not None and res.busy > 0:
                 res.busy -= 1
-                res.last_used = self._clock()
+                res.last_used = res.last_served = self._clock()
 
     @contextmanager
     def using(self, name: str) -> Iterator[None]:
@@ -451,10 +457,17 @@ class MemoryScheduler:
         finally:
             self.end_use(name)
 
-    def lru_idle(self, exclude: set[str] | None = None) -> str | None:
-        """The least recently used idle model, or None."""
+    def lru_idle(self, exclude: set[str] | None = None, served_within_s: float = 0.0) -> str | None:
+        """The least recently used idle model, or None.
+
+        With ``served_within_s``, a model that served within that many seconds is not a candidate:
+        it is idle only between two requests of its traffic, and unloading it would fail every
+        request until it loads again (the ladder's ``REJECT`` sheds that load with a retry hint).
+        """
+        now = self._clock()
         with self._lock:
-            idle = [r for r in self._res.values() if r.idle and r.name not in (exclude or set())]
+            idle = [r for r in self._res.values() if r.idle and r.name not in (exclude or set())
+                    and (r.last_served is None or now - r.last_served >= served_within_s)]
             return min(idle, key=lambda r: r.last_used).name if idle else None
 
     # ------------------------------------------------------------------ pressure ladder
@@ -634,9 +647,10 @@ class MemoryScheduler:
                     except Exception:  # a pool that cannot clear must not stop the ladder
                         log.exception("clearing buffer pool %r failed", pool)
             elif lvl == PressureLevel.UNLOAD_LRU:
-                name = self.lru_idle()
+                name = self.lru_idle(served_within_s=self.thresholds.unload_served_within_s)
                 if name is None:
-                    log.warning("memory pressure UNLOAD_LRU: no idle model to unload")
+                    log.warning("memory pressure UNLOAD_LRU: no idle model to unload (models that served in the "
+                                "last %.0f s are kept)", self.thresholds.unload_served_within_s)
                     return
                 kwargs = {"name": name}
             self.steps_total[lvl.name] += 1
