@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Memory squeeze on a real kernel: cuvil-edged under tritonclient load while stress-ng hogs memory
-and CPU beside it, with the memory co-scheduler reading the kernel (on) or blind to it (off).
+"""Memory squeeze on a real kernel: cuvil-edged under tritonclient load while a memory hog and a CPU
+hog run beside it, with the memory co-scheduler reading the kernel (on) or blind to it (off).
 
 Targets:
 
@@ -10,13 +10,20 @@ Targets:
   RAM. On: the daemon reads its cgroup (limit, usage, OOM kills), ``/proc/meminfo`` and PSI
   (``KernelMemory``). Off: ``CUVIL_EDGED_KERNEL_MEMORY=0`` and no telemetry, so its ladder never
   sees the squeeze (what a daemon without the co-scheduler does).
-* ``qemu-system``: the emulated arm64 board of the HIL rig (``hil.board.boot``, 2 GB RAM, the
-  daemon under systemd). Not run in this session (the rig's board was not merged yet): the
-  command exits with a message saying so when ``hil.board`` is not importable.
+* ``qemu-system``: the emulated arm64 board of the HIL rig (``hil.board.boot``, 2 GiB RAM, Debian
+  with systemd as PID 1, no swap). The project and the daemon are installed with the HIL suite's
+  own steps (``cuvil-edge install-daemon``, ``cuvil-edge deploy``); the daemon runs as the
+  ``cuvil-edged`` unit and serves the suite's ``hilnet`` under load plus three idle ``vault-*``
+  models with 160 MiB of weights each. On: ``--telemetry auto`` (sysfs on this board) and the
+  kernel's signals. Off: neither (``CUVIL_EDGED_KERNEL_MEMORY=0``). The squeeze is a protected
+  neighbour service growing to MemAvailable + ``--overshoot-mb`` beside ``stress-ng --cpu 1``
+  (:func:`board_mode` says why the neighbour is not ``stress-ng --vm``); OOM kills are read
+  from the board's kernel log. Results, a per-second trace and a plot
+  (``memory_squeeze_board.png``) go to the ``qemu-system`` entry.
 
-Timeline per mode: ``--baseline`` s of load alone, then ``stress-ng --vm 1 --vm-bytes
-<headroom x --hog-factor> --vm-keep`` plus ``stress-ng --cpu 1`` for ``--squeeze`` s, then
-``--recovery`` s of load alone. Measured: daemon OOM kills (the daemon process ended by SIGKILL)
+Timeline per mode: ``--baseline`` s of load alone, then the squeeze for ``--squeeze`` s (host-cgroup:
+``stress-ng --vm 1 --vm-bytes <headroom x --hog-factor> --vm-keep`` plus ``stress-ng --cpu 1``;
+qemu-system: see above), then ``--recovery`` s of load alone. Measured: daemon OOM kills (the daemon process ended by SIGKILL)
 and OOM kills in the cgroup, requests served, 503s and whether they carried ``Retry-After``, p50 and
 p99 of served requests per phase, and the recovery time: from the hog's exit until a one-second
 window serves at least 90% of the baseline rate with no 503. Results go to the ``memory_squeeze``
@@ -25,6 +32,7 @@ section of ``bench/results/memory_squeeze.json`` with the command that produced 
 Usage::
 
     sudo .venv/bin/python bench/bench_memory_squeeze.py --target host-cgroup
+    .venv/bin/python bench/bench_memory_squeeze.py --target qemu-system   # about 25 min under TCG
 """
 
 from __future__ import annotations
@@ -113,6 +121,7 @@ class Load:
         self.url, self.model, self.shape = url, model, shape
         self.records: list[tuple[float, str, float]] = []  # (t, "ok" | "503" | "error", latency ms)
         self.retry_after: list[bool] = []
+        self.error_kinds: dict[str, int] = {}  # first words of each error, counted
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self._threads = [threading.Thread(target=self._run, daemon=True) for _ in range(threads)]
@@ -146,8 +155,11 @@ class Load:
                     kind = "ok"
                 except InferenceServerException as exc:
                     kind = "503" if str(exc.status()) == "503" or "503" in str(exc) else "error"
-                except Exception:
+                    if kind == "error":
+                        self._count_error(str(exc))
+                except Exception as exc:
                     kind = "error"
+                    self._count_error(f"{type(exc).__name__}: {exc}")
                     time.sleep(0.2)  # the daemon is down: do not spin
                 with self._lock:
                     self.records.append((time.monotonic(), kind, (time.monotonic() - t0) * 1000))
@@ -155,6 +167,11 @@ class Load:
                     time.sleep(0.05)
         finally:
             client.close()
+
+    def _count_error(self, text: str) -> None:
+        key = " ".join(text.split()[:8])[:100]
+        with self._lock:
+            self.error_kinds[key] = self.error_kinds.get(key, 0) + 1
 
     def _probe_503(self) -> None:
         """A raw request twice a second, to see the Retry-After header tritonclient does not show."""
@@ -544,6 +561,7 @@ def board_mode(ctx: Any, mode: str, args: argparse.Namespace) -> dict[str, Any]:
         "recovery": _phase(recs, hog_end, end),
         "recovery_s": _recovery(recs, hog_end, end, base["served_per_s"]),
         "retry_after_on_503": (sum(load.retry_after), len(load.retry_after)),
+        "errors_by_kind": dict(sorted(load.error_kinds.items(), key=lambda kv: -kv[1])[:8]),
         "phases_s": {"squeeze_start": round(hog_start - t0, 1), "squeeze_end": round(hog_end - t0, 1),
                      "end": round(end - t0, 1)},
         "daemon_log_pressure": [ln for ln in journal.splitlines() if "memory pressure" in ln][-12:],
@@ -625,9 +643,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--target", choices=["host-cgroup", "qemu-system"], default="host-cgroup")
     ap.add_argument("--modes", default="off,on")
     ap.add_argument("--threads", type=int, default=4, help="tritonclient load threads")
-    ap.add_argument("--baseline", type=float, default=15.0)
-    ap.add_argument("--squeeze", type=float, default=20.0)
-    ap.add_argument("--recovery", type=float, default=15.0)
+    ap.add_argument("--baseline", type=float, default=None, help="s of load alone (15; qemu-system 30)")
+    ap.add_argument("--squeeze", type=float, default=None, help="s the hogs run (20; qemu-system 45)")
+    ap.add_argument("--recovery", type=float, default=None, help="s of load after (15; qemu-system 240)")
     ap.add_argument("--headroom-mb", type=int, default=256, help="cgroup limit = daemon footprint + this")
     ap.add_argument("--hog-factor", type=float, default=1.25, help="hog size as a multiple of the headroom")
     ap.add_argument("--mem-mb", type=int, default=2048, help="qemu-system: the board's RAM, MiB")
@@ -638,6 +656,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tick", type=float, default=0.5, help="the daemon's --tick (telemetry and ladder), s")
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "memory_squeeze.json")
     args = ap.parse_args(argv)
+    board = args.target == "qemu-system"  # emulated: slower starts, a daemon restart takes minutes
+    for name, here, emulated in (("baseline", 15.0, 30.0), ("squeeze", 20.0, 45.0), ("recovery", 15.0, 240.0)):
+        if getattr(args, name) is None:
+            setattr(args, name, emulated if board else here)
     command = "python bench/bench_memory_squeeze.py " + " ".join(sys.argv[1:] if argv is None else argv)
     doc: dict[str, Any] = json.loads(args.out.read_text()) if args.out.exists() else {}
     section = doc.get("memory_squeeze", {})
