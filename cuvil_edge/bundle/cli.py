@@ -46,7 +46,7 @@ def verify(
     manifest = verify_directory(bundle, pub) if bundle.is_dir() else verify_bundle(bundle, pub)
     what = "signature and checksums" if pub else "checksums (signature NOT checked: pass --pub)"
     console.print(
-        f"[green]PASSED[/] {bundle}: {manifest.name} {manifest.version} for {manifest.target.get('name')} "
+        f"[green]PASSED[/] {bundle}: {manifest.name} {manifest.version} for {manifest.target_name} "
         f"({manifest.precision}, {len(manifest.files)} members): {what} OK"
     )
 

@@ -173,6 +173,11 @@ class Manifest:
         """Whether the manifest itself sets ``field_name`` (False: the value is the format's default)."""
         return field_name in self.raw
 
+    @property
+    def target_name(self) -> str:
+        """The id of the board profile the bundle was made for (``target.name``), "" when unset."""
+        return str(self.target.get("name") or "")
+
     def sample_member(self, kind: str) -> str:
         """Path inside the bundle of the validation sample ``kind`` (``sample_inputs`` or
         ``sample_expected``), the format's default when the manifest names none."""

@@ -53,7 +53,7 @@ from cuvil_edge.bundle.activation import boot_id as _boot_id
 from cuvil_edge.bundle.layout import StoreLayout
 from cuvil_edge.bundle.names import is_safe_component
 from cuvil_edge.deploy.lockfile import lock_record, parse_record, pid_alive, record_expired
-from cuvil_edge.errors import DeployError
+from cuvil_edge.errors import CuvilEdgeError, DeployError
 
 __all__ = ["ActivateRequest", "LockBusy", "launch", "release_lock", "run_activate", "take_lock", "wait_outcome"]
 
@@ -210,22 +210,14 @@ def _systemd_running(root: str) -> bool:
 
 def _gate(req: ActivateRequest, version: str, deadline: float) -> Any:
     """Load ``version`` (what ``current`` points at now) in the daemon and run the health gate."""
-    from cuvil_edge.deploy.health import HealthResult, check_health, daemon_load
+    from cuvil_edge.bundle.manifest import Manifest
+    from cuvil_edge.deploy.health import HealthResult, check_health, daemon_load, sample_member
 
-    vdir = os.path.join(req.store, "bundles", req.name, version)
+    vdir = _layout(req.store).version_dir(req.name, version)
     try:
-        with open(os.path.join(vdir, "manifest.json"), "rb") as f:
-            manifest = json.loads(f.read())
-    except (OSError, ValueError) as exc:
-        return HealthResult(False, f"{vdir}/manifest.json unreadable: {exc}")
-    val = manifest.get("validation") or {}
-
-    def member(key: str, default: str) -> bytes | None:
-        path = os.path.join(vdir, val.get(key, default))
-        if not os.path.isfile(path):
-            return None
-        with open(path, "rb") as f:
-            return f.read()
+        manifest = Manifest.load(vdir, complete=False)
+    except CuvilEdgeError as exc:
+        return HealthResult(False, str(exc))
 
     start = time.monotonic()
     budget = max(1.0, min(req.health_timeout, deadline - time.time() - GATE_MARGIN_S))
@@ -239,8 +231,8 @@ def _gate(req: ActivateRequest, version: str, deadline: float) -> Any:
     if err:
         return HealthResult(False, err, time.monotonic() - start)
     left = max(1.0, budget - (time.monotonic() - start))
-    return check_health(req.url, manifest, member("sample_inputs", "sample/inputs.npz"),
-                        member("sample_expected", "sample/expected.npz"), left, req.token)
+    return check_health(req.url, manifest, sample_member(vdir, manifest, "sample_inputs"),
+                        sample_member(vdir, manifest, "sample_expected"), left, req.token)
 
 
 # ---------------------------------------------------------------------------------------------- steps

@@ -31,29 +31,29 @@ __all__ = ["main"]
 ACK_WAIT_S = 15.0
 
 
+def _layout(store: str) -> Any:
+    from cuvil_edge.bundle.layout import StoreLayout
+
+    return StoreLayout(store)
+
+
 def _probe(args: argparse.Namespace) -> int:
     from cuvil_edge.bundle import Manifest
+    from cuvil_edge.bundle.activation import current_version, read_state
     from cuvil_edge.deploy.probe import IncompatibleDevice, check_compatible, probe_local
 
     manifest = Manifest.from_bytes(sys.stdin.buffer.read(), "manifest.json (stdin)")
+    layout = _layout(args.store)
     facts = probe_local(args.root)
     out: dict[str, Any] = {"ok": True, "reason": "", "facts": facts.to_dict(), "notes": []}
     try:
         out["notes"] = check_compatible(manifest, facts, "device")
     except IncompatibleDevice as exc:
         out.update(ok=False, reason=str(exc))
-    bdir = os.path.join(args.store, "bundles", manifest.name)
+    out["current"] = current_version(args.store, manifest.name) or ""
+    out["state"] = read_state(args.store, manifest.name)
     try:
-        out["current"] = os.path.basename(os.readlink(os.path.join(bdir, "current")).rstrip("/"))
-    except OSError:
-        out["current"] = ""
-    try:
-        with open(os.path.join(args.store, "deploy", "state", f"{manifest.name}.json")) as f:
-            out["state"] = json.load(f)
-    except (OSError, ValueError):
-        out["state"] = {"name": manifest.name, "previous": None, "versions": {}, "events": []}
-    try:
-        with open(os.path.join(bdir, manifest.version, "manifest.json")) as f:
+        with open(layout.manifest_path(manifest.name, manifest.version)) as f:
             out["manifest"] = f.read()
     except OSError:
         out["manifest"] = None
@@ -62,29 +62,24 @@ def _probe(args: argparse.Namespace) -> int:
 
 
 def _health(args: argparse.Namespace) -> int:
-    from cuvil_edge.deploy.health import check_health, daemon_load
+    from cuvil_edge.bundle import Manifest
+    from cuvil_edge.bundle.activation import current_version
+    from cuvil_edge.deploy.health import check_health, daemon_load, sample_member
 
-    base = os.path.join(args.store, "bundles", args.name)
-    version = args.version or os.path.basename(os.readlink(os.path.join(base, "current")))
-    vdir = os.path.join(base, version)
-    with open(os.path.join(vdir, "manifest.json"), "rb") as f:
-        manifest = json.loads(f.read())
-    val = manifest.get("validation") or {}
-
-    def member(key: str, default: str) -> bytes | None:
-        path = os.path.join(vdir, val.get(key, default))
-        if not os.path.isfile(path):
-            return None
-        with open(path, "rb") as f:
-            return f.read()
+    layout = _layout(args.store)
+    version = args.version or current_version(args.store, args.name)
+    if version is None:
+        raise SystemExit(f"{layout.current_link(args.name)}: no current version; pass --version")
+    vdir = layout.version_dir(args.name, version)
+    manifest = Manifest.load(vdir, complete=False)
 
     if args.load:
         err = daemon_load(args.url, args.name, args.timeout, args.token)
         if err:
             print(json.dumps({"ok": False, "reason": err, "version": version}))
             return 1
-    result = check_health(args.url, manifest, member("sample_inputs", "sample/inputs.npz"),
-                          member("sample_expected", "sample/expected.npz"), args.timeout, args.token)
+    result = check_health(args.url, manifest, sample_member(vdir, manifest, "sample_inputs"),
+                          sample_member(vdir, manifest, "sample_expected"), args.timeout, args.token)
     out = result.to_dict()
     out["version"] = version
     print(json.dumps(out))
@@ -94,11 +89,11 @@ def _health(args: argparse.Namespace) -> int:
 def _request(args: argparse.Namespace) -> Any:
     import re
 
+    from cuvil_edge.bundle.names import is_safe_component
     from cuvil_edge.deploy.activate import ActivateRequest
 
-    safe = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,127}")
     for flag, value in (("--name", args.name), ("--version", args.version)):
-        if not safe.fullmatch(value) or value in ("current", "current.new", "previous"):
+        if not is_safe_component(value):
             raise SystemExit(f"{flag} {value!r}: not a plain directory name")
     if not re.fullmatch(r"[A-Za-z0-9]{4,64}", args.txn):
         raise SystemExit(f"--txn {args.txn!r}: use 4 to 64 letters and digits")
