@@ -32,7 +32,7 @@ def sign(
     from cuvil_edge.bundle.resign import resign_bundle
 
     manifest = resign_bundle(bundle, key)
-    console.print(f"signed {bundle} ({manifest.name} {manifest.version}) with key {manifest.raw['key_id']}")
+    console.print(f"signed {bundle} ({manifest.name} {manifest.version}) with key {manifest.key_id}")
 
 
 def verify(

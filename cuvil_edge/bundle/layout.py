@@ -131,8 +131,13 @@ class StoreLayout:
         """A complete upload; ``<this>.part`` while it is being sent."""
         return posixpath.join(self.uploads_dir, f"{sha256}.cvb")
 
+    @property
+    def staging_root(self) -> str:
+        """Where extractions happen: on the store's file system, so the final move is one rename."""
+        return posixpath.join(self.deploy_dir, "staging")
+
     def staging_dir(self, name: str, version: str, pid: int | None = None) -> str:
-        return posixpath.join(self.deploy_dir, "staging",
+        return posixpath.join(self.staging_root,
                               f"{self._name(name)}-{self._version(version)}.{os.getpid() if pid is None else pid}")
 
     @property
@@ -165,6 +170,17 @@ class StoreLayout:
 
     def log_path(self, txn: str) -> str:
         return posixpath.join(self.log_dir, f"activate-{txn}.log")
+
+    def deploy_paths(self, name: str, version: str, sha256: str | None = None) -> dict[str, str]:
+        """The paths a deploy of ``name`` ``version`` touches, by role: what the device-side probe
+        hands to callers that act with shell commands (the Ansible role), so they hold no rules."""
+        paths = {"bundle_dir": self.bundle_dir(name), "version_dir": self.version_dir(name, version),
+                 "current_link": self.current_link(name), "uploads_dir": self.uploads_dir,
+                 "staging_root": self.staging_root, "state_dir": self.state_dir,
+                 "state_path": self.state_path(name), "quarantine_dir": self.quarantine_dir(name, version)}
+        if sha256:
+            paths["upload"] = self.upload_path(sha256)
+        return paths
 
 
 def is_swap_link(entry: str) -> bool:

@@ -174,6 +174,11 @@ class Manifest:
         return field_name in self.raw
 
     @property
+    def key_id(self) -> str:
+        """Id of the key that signed the bundle (16 hex digits, written by the tool), "" when unset."""
+        return str(self.raw.get("key_id") or "")
+
+    @property
     def target_name(self) -> str:
         """The id of the board profile the bundle was made for (``target.name``), "" when unset."""
         return str(self.target.get("name") or "")

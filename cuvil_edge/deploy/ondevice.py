@@ -12,8 +12,9 @@ runs, else a new session with its own log), then, with ``--wait``, prints its ou
 when it is recorded. ``wait`` prints the outcome of a transaction (the host calls it after a
 reconnect). ``revert-expired`` reverts pending switches past their deadline (the daemon does the
 same at start and on its tick). ``probe`` prints the device's facts, whether the bundle fits,
-what ``current`` points at, the deploy state and the device's copy of this version's manifest;
-exit 1 when the bundle does not fit. ``health`` asks the daemon to load the model (``--load``) and
+what ``current`` points at, the deploy state, the device's copy of this version's manifest and
+the store paths a deploy of it touches (``paths``, from ``bundle/layout.py``: the Ansible role
+names no path itself); exit 1 when the bundle does not fit or its manifest is refused. ``health`` asks the daemon to load the model (``--load``) and
 runs the health gate; exit 1 when it fails. Heavy imports wait for the subcommand that needs them,
 so ``activate`` and ``wait`` start in a fraction of a second on a small board.
 """
@@ -23,15 +24,19 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from cuvil_edge.bundle.layout import StoreLayout
 
 __all__ = ["main"]
 
 ACK_WAIT_S = 15.0
 
 
-def _layout(store: str) -> Any:
+def _layout(store: str) -> StoreLayout:
     from cuvil_edge.bundle.layout import StoreLayout
 
     return StoreLayout(store)
@@ -41,11 +46,21 @@ def _probe(args: argparse.Namespace) -> int:
     from cuvil_edge.bundle import Manifest
     from cuvil_edge.bundle.activation import current_version, read_state
     from cuvil_edge.deploy.probe import IncompatibleDevice, check_compatible, probe_local
+    from cuvil_edge.errors import BundleError
 
-    manifest = Manifest.from_bytes(sys.stdin.buffer.read(), "manifest.json (stdin)")
+    try:  # the one parser and the one name rule, before any path is named
+        manifest = Manifest.from_bytes(sys.stdin.buffer.read(), "manifest.json (stdin)")
+    except BundleError as exc:
+        print(json.dumps({"ok": False, "reason": str(exc), "notes": []}))
+        return 1
+    if args.sha256 is not None and not re.fullmatch(r"[0-9a-f]{64}", args.sha256):
+        print(json.dumps({"ok": False, "reason": f"--sha256 {args.sha256[:80]!r}: not a sha256 hex digest",
+                          "notes": []}))
+        return 1
     layout = _layout(args.store)
     facts = probe_local(args.root)
-    out: dict[str, Any] = {"ok": True, "reason": "", "facts": facts.to_dict(), "notes": []}
+    out: dict[str, Any] = {"ok": True, "reason": "", "facts": facts.to_dict(), "notes": [],
+                           "paths": layout.deploy_paths(manifest.name, manifest.version, args.sha256)}
     try:
         out["notes"] = check_compatible(manifest, facts, "device")
     except IncompatibleDevice as exc:
@@ -87,8 +102,6 @@ def _health(args: argparse.Namespace) -> int:
 
 
 def _request(args: argparse.Namespace) -> Any:
-    import re
-
     from cuvil_edge.bundle.names import is_safe_component
     from cuvil_edge.deploy.activate import ActivateRequest
 
@@ -224,6 +237,7 @@ def main(argv: list[str] | None = None) -> int:
     pr = sub.add_parser("probe", help="device facts, bundle fit (manifest on stdin), store state")
     pr.add_argument("--root", default="/")
     pr.add_argument("--store", default="/var/lib/cuvil-edge")
+    pr.add_argument("--sha256", default=None, help="sha256 of the bundle file: names its upload path in 'paths'")
     he = sub.add_parser("health", help="load the model and run the health gate")
     he.add_argument("--store", default="/var/lib/cuvil-edge")
     he.add_argument("--name", required=True)
