@@ -119,3 +119,41 @@ def test_deploy_over_ssh_and_the_daemon_store_agree(lab, bundles, deploy_keys):
     assert back.status in ("deployed", "rolled-back"), back.reason
     assert bs.current("digits") == "1.1.0"
     assert not [p for p in (dev.store / "bundles/digits").iterdir() if p.name.startswith(".current.")]
+
+
+def _probe(root: Path, store: Path, manifest: bytes, *extra: str) -> tuple[int, dict]:
+    import json
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "cuvil_edge.deploy.ondevice", "probe", "--root", str(root),
+                          "--store", str(store), *extra], input=manifest, capture_output=True, timeout=120)
+    return out.returncode, json.loads(out.stdout)
+
+
+def test_the_probe_names_the_store_paths_for_shell_callers(tmp_path, bundles, deploy_keys):
+    """The Ansible role acts with shell commands; the device-side probe hands it every path from
+    the layout, and refuses an unsafe name with the one parser before naming any."""
+    import json
+
+    from cuvil_edge.bundle import verify_bundle
+
+    root, bs = _store_with(tmp_path, bundles, deploy_keys["public"])
+    manifest = verify_bundle(bundles["v2"], deploy_keys["public"]).to_bytes()
+    sha = "ab" * 32
+    rc, out = _probe(tmp_path, root, manifest, "--sha256", sha)
+    assert rc == 0, out
+    assert out["current"] == bs.current("digits") == "1.0.0"
+    paths = out["paths"]
+    assert paths["version_dir"] == str(bs.path("digits", "1.1.0"))
+    assert paths["bundle_dir"] == str(root / "bundles/digits")
+    assert paths["upload"] == str(root / f"deploy/uploads/{sha}.cvb")
+    assert paths["staging_root"] == str(root / "deploy/staging")
+    assert paths["state_dir"] == str(Path(activation.state_path(root, "digits")).parent)
+
+    evil = json.loads(manifest)
+    evil["version"] = "../../../escaped"
+    rc, out = _probe(tmp_path, root, json.dumps(evil).encode())
+    assert rc == 1 and not out["ok"] and "not a safe directory name" in out["reason"] and "paths" not in out
+    rc, out = _probe(tmp_path, root, manifest, "--sha256", "../x")
+    assert rc == 1 and not out["ok"] and "--sha256" in out["reason"]
