@@ -94,12 +94,12 @@ def check_compatible(manifest: Manifest, facts: DeviceFacts, label: str = "devic
     notes: list[str] = []
     if want_arch and want_arch != facts.arch:
         raise IncompatibleDevice(
-            f"{label}: {name} is built for {want_arch} (target {target.get('name')}) but the device is "
+            f"{label}: {name} is built for {want_arch} (target {manifest.target_name}) but the device is "
             f"{facts.arch}; package the model for this device's target"
         )
     if manifest.format_kind != "tensorrt":
-        if target.get("name") and facts.profile and target.get("name") != facts.profile:
-            notes.append(f"bundle target {target.get('name')}, device profile {facts.profile}")
+        if manifest.target_name and facts.profile and manifest.target_name != facts.profile:
+            notes.append(f"bundle target {manifest.target_name}, device profile {facts.profile}")
         return notes
     want_sm = str(target.get("gpu_sm") or "")
     dev_sm = ""
@@ -115,11 +115,11 @@ def check_compatible(manifest: Manifest, facts: DeviceFacts, label: str = "devic
         )
     if want_sm and dev_sm != want_sm:
         raise IncompatibleDevice(
-            f"{label}: {name} targets GPU SM {want_sm} ({target.get('name')}) but the device "
+            f"{label}: {name} targets GPU SM {want_sm} ({manifest.target_name}) but the device "
             f"{facts.profile} has SM {dev_sm}"
         )
-    if target.get("name") and target.get("name") != facts.profile:
-        notes.append(f"bundle target {target.get('name')}, device {facts.profile} (same SM {dev_sm})")
+    if manifest.target_name and manifest.target_name != facts.profile:
+        notes.append(f"bundle target {manifest.target_name}, device {facts.profile} (same SM {dev_sm})")
     releases = target.get("releases") or []
     if not facts.l4t or not facts.tensorrt:
         raise IncompatibleDevice(
