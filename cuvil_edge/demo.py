@@ -50,9 +50,10 @@ def _install(bundle: Path, store: Path, public_key: Path) -> Path:
     import os
 
     from cuvil_edge.bundle import extract_bundle, read_manifest
+    from cuvil_edge.bundle.layout import StoreLayout, point_current
 
     manifest = read_manifest(bundle, public_key)
-    base = store / "bundles" / manifest.name
+    base = Path(StoreLayout.of(store).bundle_dir(manifest.name))
     dest = base / manifest.version
     staged = base / f".{manifest.version}.new"
     old = base / f".{manifest.version}.old"
@@ -64,11 +65,7 @@ def _install(bundle: Path, store: Path, public_key: Path) -> Path:
         os.rename(dest, old)
     os.rename(staged, dest)
     shutil.rmtree(old, ignore_errors=True)
-    link = base / "current.new"
-    if link.is_symlink():
-        link.unlink()
-    link.symlink_to(manifest.version)
-    os.replace(link, base / "current")
+    point_current(StoreLayout.of(store), manifest.name, manifest.version)
     return dest
 
 

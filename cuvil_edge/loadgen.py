@@ -47,8 +47,10 @@ def _import_httpclient() -> Any:
 
 
 def _prepare_store(source: Path, tmp: Path) -> Path:
+    from cuvil_edge.bundle.layout import StoreLayout
+
     source = Path(source)
-    if (source / "bundles").is_dir():
+    if Path(StoreLayout.of(source).bundles_dir).is_dir():
         return source
     from cuvil_edge.daemon.store import BundleStore
 
@@ -158,7 +160,9 @@ def serve_and_measure(bundle_dir_or_store: Path, board: str = "orin-nano-8gb", r
         name = model or index[0]["name"]
         meta = client.get_model_metadata(name)
         version = meta["versions"][0]
-        feed = _inputs_for(store / "bundles" / name / version, meta)
+        from cuvil_edge.bundle.layout import StoreLayout
+
+        feed = _inputs_for(Path(StoreLayout.of(store).version_dir(name, version)), meta)
         client.close()
 
         latencies: list[float] = []

@@ -7,16 +7,10 @@ pending switch whose deadline has passed, at start and on its tick. So a lost SS
 deploy step, a daemon crash or a reboot never leaves an unconfirmed version serving for longer
 than the deadline, as RAUC and Mender do with their "mark good" step.
 
-Store layout (``<store>`` defaults to ``/var/lib/cuvil-edge``)::
-
-    <store>/bundles/<name>/<version>/            an extracted, verified bundle (what the daemon serves)
-    <store>/bundles/<name>/current -> <version>
-    <store>/deploy/state/<name>.json             previous version, install records, events,
-                                                 ``pending`` (a switch not yet confirmed) and
-                                                 ``outcome`` (how the last switch ended)
-    <store>/deploy/state/.lock                   flock: one state change at a time on the device
-    <store>/deploy/quarantine/<name>/<version>/  a version that failed its gate with nothing to go back to
-    <store>/deploy/lock                          one deploy at a time (JSON lease; see deploy/)
+The paths (``deploy/state/<name>.json`` and its ``.lock``, ``deploy/quarantine/``, the
+``current`` link and how it is switched) are the store layout's (:mod:`cuvil_edge.bundle.layout`).
+A state file holds the previous version, install records, events, ``pending`` (a switch not yet
+confirmed) and ``outcome`` (how the last switch ended).
 
 A ``pending`` record::
 
@@ -42,6 +36,10 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
+
+from cuvil_edge.bundle import layout as _layout
+from cuvil_edge.bundle.layout import StoreLayout, fsync_dir
+from cuvil_edge.bundle.names import is_safe_component
 
 __all__ = [
     "DEFAULT_DEADLINE_S",
@@ -80,11 +78,7 @@ def boot_id() -> str | None:
 
 
 def state_path(store: str | os.PathLike[str], name: str) -> str:
-    return os.path.join(os.fspath(store), "deploy", "state", f"{name}.json")
-
-
-def _bundle_dir(store: str | os.PathLike[str], name: str) -> str:
-    return os.path.join(os.fspath(store), "bundles", name)
+    return StoreLayout.of(store).state_path(name)
 
 
 def empty_state(name: str) -> dict[str, Any]:
@@ -107,15 +101,6 @@ def read_state(store: str | os.PathLike[str], name: str) -> dict[str, Any]:
     for key, default in empty_state(name).items():
         state.setdefault(key, default)
     return state
-
-
-def _fsync_dir(path: str) -> None:
-    with contextlib.suppress(OSError):
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
 
 
 def write_state(store: str | os.PathLike[str], name: str, state: dict[str, Any],
@@ -144,7 +129,7 @@ def write_state(store: str | os.PathLike[str], name: str, state: dict[str, Any],
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
-    _fsync_dir(directory)
+    fsync_dir(directory)
 
 
 def add_event(state: dict[str, Any], event: str, version: str | None, detail: str = "") -> None:
@@ -155,9 +140,9 @@ def add_event(state: dict[str, Any], event: str, version: str | None, detail: st
 def state_lock(store: str | os.PathLike[str]) -> Iterator[None]:
     """Hold ``<store>/deploy/state/.lock`` (flock): the deploy step and the daemon never change a
     state file at the same time, so a confirmation and a deadline revert cannot both win."""
-    directory = os.path.join(os.fspath(store), "deploy", "state")
-    os.makedirs(directory, exist_ok=True)
-    fd = os.open(os.path.join(directory, ".lock"), os.O_RDWR | os.O_CREAT, 0o644)
+    layout = StoreLayout.of(store)
+    os.makedirs(layout.state_dir, exist_ok=True)
+    fd = os.open(layout.state_lock_path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         yield
@@ -166,44 +151,31 @@ def state_lock(store: str | os.PathLike[str]) -> Iterator[None]:
 
 
 def current_version(store: str | os.PathLike[str], name: str) -> str | None:
-    try:
-        return os.path.basename(os.readlink(os.path.join(_bundle_dir(store, name), "current")).rstrip("/"))
-    except OSError:
-        return None
+    return _layout.read_current(StoreLayout.of(store), name)
 
 
 def switch_current(store: str | os.PathLike[str], name: str, version: str) -> None:
-    """Point ``current`` at ``version``: a new link renamed over the old one, then the directory synced."""
-    bdir = _bundle_dir(store, name)
-    if not os.path.isfile(os.path.join(bdir, version, "manifest.json")):
-        raise FileNotFoundError(f"{os.path.join(bdir, version)}: no such version in the store")
-    tmp = os.path.join(bdir, "current.new")
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(tmp)
-    os.symlink(version, tmp)
-    os.replace(tmp, os.path.join(bdir, "current"))
-    _fsync_dir(bdir)
+    """Point ``current`` at ``version`` (:func:`cuvil_edge.bundle.layout.point_current`)."""
+    _layout.point_current(StoreLayout.of(store), name, version)
 
 
 def remove_current(store: str | os.PathLike[str], name: str) -> None:
-    bdir = _bundle_dir(store, name)
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(os.path.join(bdir, "current"))
-    _fsync_dir(bdir)
+    _layout.remove_current(StoreLayout.of(store), name)
 
 
 def quarantine_version(store: str | os.PathLike[str], name: str, version: str) -> str:
     """Move ``version`` out of the daemon's sight to ``deploy/quarantine/<name>/<version>``; returns that path."""
     import shutil
 
-    dest = os.path.join(os.fspath(store), "deploy", "quarantine", name, version)
-    src = os.path.join(_bundle_dir(store, name), version)
+    layout = StoreLayout.of(store)
+    dest = layout.quarantine_dir(name, version)
+    src = layout.version_dir(name, version)
     if not os.path.isdir(src):
         return dest
     shutil.rmtree(dest, ignore_errors=True)
     os.makedirs(os.path.dirname(dest), exist_ok=True)
     os.rename(src, dest)
-    _fsync_dir(_bundle_dir(store, name))
+    fsync_dir(layout.bundle_dir(name))
     return dest
 
 
@@ -233,7 +205,7 @@ def revert_pending(store: str | os.PathLike[str], name: str, state: dict[str, An
     pending = state.get("pending") or {}
     version, previous = pending.get("version"), pending.get("previous")
     current = current_version(store, name)
-    if previous and os.path.isfile(os.path.join(_bundle_dir(store, name), previous, "manifest.json")):
+    if previous and is_safe_component(previous) and os.path.isfile(StoreLayout.of(store).manifest_path(name, previous)):
         if current != previous:
             switch_current(store, name, previous)
         done = f"current back to {previous}"
@@ -271,9 +243,9 @@ def revert_expired(store: str | os.PathLike[str], by: str = "cuvil-edged", now: 
 
     Cheap when nothing is pending: one directory listing and a read of each small state file.
     """
-    directory = os.path.join(os.fspath(store), "deploy", "state")
+    layout = StoreLayout.of(store)
     try:
-        names = sorted(n[:-5] for n in os.listdir(directory) if n.endswith(".json") and not n.startswith("."))
+        names = layout.state_names(os.listdir(layout.state_dir))
     except OSError:
         return []
     this_boot = boot_id()

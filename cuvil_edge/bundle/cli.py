@@ -32,7 +32,7 @@ def sign(
     from cuvil_edge.bundle.resign import resign_bundle
 
     manifest = resign_bundle(bundle, key)
-    console.print(f"signed {bundle} ({manifest.name} {manifest.version}) with key {manifest.raw['key_id']}")
+    console.print(f"signed {bundle} ({manifest.name} {manifest.version}) with key {manifest.key_id}")
 
 
 def verify(
@@ -46,7 +46,7 @@ def verify(
     manifest = verify_directory(bundle, pub) if bundle.is_dir() else verify_bundle(bundle, pub)
     what = "signature and checksums" if pub else "checksums (signature NOT checked: pass --pub)"
     console.print(
-        f"[green]PASSED[/] {bundle}: {manifest.name} {manifest.version} for {manifest.target.get('name')} "
+        f"[green]PASSED[/] {bundle}: {manifest.name} {manifest.version} for {manifest.target_name} "
         f"({manifest.precision}, {len(manifest.files)} members): {what} OK"
     )
 

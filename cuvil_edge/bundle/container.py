@@ -154,7 +154,7 @@ def write_bundle(
         manifest_bytes,
         key,
         trusted_comment=(
-            f"cuvil-bundle {parsed.name} {parsed.version} target={parsed.target.get('name')} "
+            f"cuvil-bundle {parsed.name} {parsed.version} target={parsed.target_name} "
             f"sha256={hashlib.sha256(manifest_bytes).hexdigest()}"
         ),
     ).encode("utf-8")

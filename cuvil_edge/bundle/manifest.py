@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -10,9 +11,13 @@ from typing import Any
 from cuvil_edge.bundle.names import check_component
 from cuvil_edge.errors import BundleError
 
-__all__ = ["FORMAT", "FileEntry", "Manifest"]
+__all__ = ["DEFAULT_ATOL", "DEFAULT_RTOL", "FORMAT", "FileEntry", "Manifest"]
 
 FORMAT = "cuvil-bundle/1"
+DEFAULT_MODEL = "model.onnx"
+DEFAULT_SAMPLES = {"sample_inputs": "sample/inputs.npz", "sample_expected": "sample/expected.npz"}
+DEFAULT_RTOL = 1e-3
+DEFAULT_ATOL = 1e-2
 _PRECISIONS = {"fp32", "fp16", "int8", "mixed"}
 _FORMAT_KINDS = {"tensorrt", "ort-cpu"}
 
@@ -50,28 +55,43 @@ class Manifest:
     raw: dict[str, Any] = field(default_factory=dict, repr=False)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any], where: str = "manifest.json") -> Manifest:
-        """Validate and parse; errors name the field."""
+    def from_dict(cls, data: dict[str, Any], where: str = "manifest.json", *, complete: bool = True) -> Manifest:
+        """Validate and parse; errors name the field.
+
+        Args:
+            data (dict): the parsed ``manifest.json``.
+            where (str): what to name in errors. Defaults to "manifest.json".
+            complete (bool): every required field of the format (a bundle being packed, signed,
+                verified or deployed). False reads an extracted bundle the daemon serves: only
+                ``name``, ``version``, ``inputs`` and ``outputs`` are required, ``model`` defaults
+                to ``model.onnx`` and need not be listed in ``files`` (a directory installed
+                unsigned by hand serves as it always did); a field that is present is still
+                checked. Defaults to True.
+        """
         if not isinstance(data, dict):
             raise BundleError(f"{where}: manifest must be a JSON object")
-        if data.get("format") != FORMAT:
+        if data.get("format") != FORMAT and (complete or "format" in data):
             raise BundleError(f"{where}: field 'format' must be '{FORMAT}', got {data.get('format')!r}")
 
-        def need(key: str, kind: type | tuple[type, ...]) -> Any:
+        def need(key: str, kind: type | tuple[type, ...], default: Any = None) -> Any:
             if key not in data:
+                if not complete and default is not None:
+                    return default
                 raise BundleError(f"{where}: missing field '{key}'")
             if not isinstance(data[key], kind):
                 raise BundleError(f"{where}: field '{key}' has the wrong type")
             return data[key]
 
-        precision = need("precision", str)
-        if precision not in _PRECISIONS:
+        name = check_component("name", need("name", str))
+        version = check_component("version", need("version", str))
+        precision = need("precision", str, "")
+        if precision not in _PRECISIONS and (complete or precision):
             raise BundleError(f"{where}: field 'precision' must be one of {sorted(_PRECISIONS)}")
-        format_kind = need("format_kind", str)
-        if format_kind not in _FORMAT_KINDS:
+        format_kind = need("format_kind", str, "")
+        if format_kind not in _FORMAT_KINDS and (complete or format_kind):
             raise BundleError(f"{where}: field 'format_kind' must be one of {sorted(_FORMAT_KINDS)}")
         files = []
-        for i, entry in enumerate(need("files", list)):
+        for i, entry in enumerate(need("files", list, [])):
             try:
                 path, digest, size = entry["path"], entry["sha256"], entry["size"]
                 if not (isinstance(path, str) and isinstance(digest, str) and isinstance(size, int)
@@ -84,11 +104,9 @@ class Manifest:
         paths = [f.path for f in files]
         if len(set(paths)) != len(paths):
             raise BundleError(f"{where}: field 'files' lists a path twice")
-        model = need("model", str)
-        if model not in paths:
+        model = need("model", str, DEFAULT_MODEL)
+        if model not in paths and complete:
             raise BundleError(f"{where}: model '{model}' is not listed in 'files'")
-        name = check_component("name", need("name", str))
-        version = check_component("version", need("version", str))
 
         def optional(key: str, kind: type, default: Any) -> Any:
             value = data.get(key)
@@ -105,7 +123,7 @@ class Manifest:
         return cls(
             name=name,
             version=version,
-            target=need("target", dict),
+            target=need("target", dict, {}),
             precision=precision,
             format_kind=format_kind,
             model=model,
@@ -124,25 +142,62 @@ class Manifest:
         )
 
     @classmethod
-    def from_bytes(cls, data: bytes, where: str = "manifest.json") -> Manifest:
+    def from_bytes(cls, data: bytes, where: str = "manifest.json", *, complete: bool = True) -> Manifest:
         try:
             parsed = json.loads(data.decode("utf-8"))
         except (UnicodeDecodeError, json.JSONDecodeError) as exc:
             raise BundleError(f"{where}: manifest is not valid JSON ({exc})") from None
         except RecursionError:
             raise BundleError(f"{where}: manifest nests too deeply to be a manifest") from None
-        return cls.from_dict(parsed, where)
+        return cls.from_dict(parsed, where, complete=complete)
 
     @classmethod
-    def load(cls, path: Path) -> Manifest:
-        """Load from an extracted bundle directory or a ``manifest.json`` path (no verification)."""
+    def load(cls, path: str | os.PathLike[str], *, complete: bool = True) -> Manifest:
+        """Load from an extracted bundle directory or a ``manifest.json`` path (no verification).
+
+        ``complete=False`` reads a bundle the daemon serves (see :meth:`from_dict`).
+        """
         path = Path(path)
         file = path / "manifest.json" if path.is_dir() else path
         try:
             data = file.read_bytes()
+        except FileNotFoundError:
+            raise BundleError(f"{file}: missing; a bundle directory holds manifest.json") from None
         except OSError as exc:
             raise BundleError(f"{file}: cannot read manifest ({exc.strerror})") from None
-        return cls.from_bytes(data, str(file))
+        return cls.from_bytes(data, str(file), complete=complete)
+
+    # -- typed views of the optional sections --------------------------------------------------
+
+    def declared(self, field_name: str) -> bool:
+        """Whether the manifest itself sets ``field_name`` (False: the value is the format's default)."""
+        return field_name in self.raw
+
+    @property
+    def key_id(self) -> str:
+        """Id of the key that signed the bundle (16 hex digits, written by the tool), "" when unset."""
+        return str(self.raw.get("key_id") or "")
+
+    @property
+    def target_name(self) -> str:
+        """The id of the board profile the bundle was made for (``target.name``), "" when unset."""
+        return str(self.target.get("name") or "")
+
+    def sample_member(self, kind: str) -> str:
+        """Path inside the bundle of the validation sample ``kind`` (``sample_inputs`` or
+        ``sample_expected``), the format's default when the manifest names none."""
+        return str(self.validation.get(kind) or DEFAULT_SAMPLES[kind])
+
+    @property
+    def tolerances(self) -> tuple[float, float]:
+        """(rtol, atol) that the warm-up check and the deploy health gate apply to the sample."""
+        return (float(self.validation.get("rtol", DEFAULT_RTOL)), float(self.validation.get("atol", DEFAULT_ATOL)))
+
+    @property
+    def latency_p95_ms(self) -> float | None:
+        """The recipe's p95 latency goal in milliseconds, if it set one."""
+        value = self.latency_target_ms.get("p95")
+        return None if value is None else float(value)
 
     def to_dict(self) -> dict[str, Any]:
         out = dict(self.raw)

@@ -9,7 +9,8 @@ API, and deploy.
 
 The rule: 1 to 128 characters from ``A-Z a-z 0-9 . _ + -``, starting with a letter or digit (so
 never ``.``, ``..`` or a hidden file), not ending in ``.part`` (deploy's upload suffix), and not
-one of the names the store layout uses itself (``current``, ``current.new``, ``previous``).
+one of the names the store layout uses itself (``current``, ``previous``, and ``current.new``, the
+swap link of earlier releases; today's swap link starts with a dot, see :mod:`cuvil_edge.bundle.layout`).
 """
 
 from __future__ import annotations

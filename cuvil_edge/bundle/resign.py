@@ -28,7 +28,7 @@ def resign_bundle(bundle: Path, secret_key: Path | SecretKey | None) -> Manifest
         manifest_bytes,
         key,
         trusted_comment=(
-            f"cuvil-bundle {manifest.name} {manifest.version} target={manifest.target.get('name')} "
+            f"cuvil-bundle {manifest.name} {manifest.version} target={manifest.target_name} "
             f"sha256={hashlib.sha256(manifest_bytes).hexdigest()}"
         ),
     ).encode()

@@ -23,10 +23,11 @@ from typing import Any
 
 import numpy as np
 
+from cuvil_edge.bundle.manifest import Manifest
 from cuvil_edge.daemon.batcher import Batcher, Pending
 from cuvil_edge.daemon.metrics import ModelStats
 from cuvil_edge.daemon.pipeline import Pipeline
-from cuvil_edge.daemon.store import BundleStore, read_manifest_dict
+from cuvil_edge.daemon.store import BundleStore, read_manifest
 from cuvil_edge.errors import CuvilEdgeError, DaemonError
 from cuvil_edge.runtime import Backend, BackendOptions, TensorSpec, load_backend
 from cuvil_edge.runtime.buffers import BufferPool
@@ -48,7 +49,7 @@ class ModelInstance:
         name (str): model name.
         version (str): bundle version.
         bundle_dir (Path): the extracted bundle.
-        manifest (dict): its manifest.
+        manifest (Manifest): its typed manifest (``spec``; ``manifest`` keeps the dict form).
         backend (Backend): the (inactive) backend.
         max_batch_cap (int | None): the daemon's cap on batch size.
         preferred (list[int]): preferred batch sizes.
@@ -61,7 +62,7 @@ class ModelInstance:
             sample. Defaults to True.
     """
 
-    def __init__(self, name: str, version: str, bundle_dir: Path, manifest: dict[str, Any],
+    def __init__(self, name: str, version: str, bundle_dir: Path, manifest: Manifest,
                  backend: Backend, max_batch_cap: int | None = None, preferred: list[int] | None = None,
                  max_queue_delay_us: int = 0, max_depth: int = 2, inline_us: float = 0.0,
                  pool: BufferPool | None = None, autotune: bool = True) -> None:
@@ -69,7 +70,10 @@ class ModelInstance:
         self.pool = pool
         self.version = version
         self.bundle_dir = bundle_dir
-        self.manifest = manifest
+        self.spec = manifest
+        # The dict form, for the protocol front ends until they read ``spec``; it is what the
+        # runtime's loaders take (they read a Mapping).
+        self.manifest: dict[str, Any] = manifest.to_dict()
         self.backend = backend
         self.stats = ModelStats(name, version)
         self.pipeline: Pipeline | None = None
@@ -100,9 +104,10 @@ class ModelInstance:
         self.backend.activate()
         try:
             ins, outs = self.backend.inputs, self.backend.outputs
-            self.pipeline = Pipeline(self.manifest, ins, outs)
+            self.pipeline = Pipeline(self.spec, ins, outs)
             batching = bool(ins) and all(s.shape and s.shape[0] == -1 for s in ins)
-            mb = int(self.manifest.get("max_batch") or 0)
+            # No max_batch in the manifest (or 0): the daemon's own default for a batching model.
+            mb = self.spec.max_batch if self.spec.declared("max_batch") else 0
             if batching:
                 mb = mb or 8
                 if self._cap:
@@ -179,8 +184,7 @@ class ModelInstance:
         return feed
 
     def _sample(self) -> dict[str, np.ndarray] | None:
-        rel = (self.manifest.get("validation") or {}).get("sample_inputs", "sample/inputs.npz")
-        path = self.bundle_dir / rel
+        path = self.bundle_dir / self.spec.sample_member("sample_inputs")
         if not path.is_file():
             return None
         with np.load(path) as npz:
@@ -192,12 +196,11 @@ class ModelInstance:
         return feed
 
     def _check_expected(self, sample: dict[str, np.ndarray]) -> None:
-        val = self.manifest.get("validation") or {}
-        path = self.bundle_dir / val.get("sample_expected", "sample/expected.npz")
+        path = self.bundle_dir / self.spec.sample_member("sample_expected")
         if not path.is_file():
             return
         got = self.backend.infer(sample)
-        rtol, atol = float(val.get("rtol", 1e-3)), float(val.get("atol", 1e-2))
+        rtol, atol = self.spec.tolerances
         with np.load(path) as npz:
             for name, arr in got.items():
                 if name not in npz.files:
@@ -469,11 +472,11 @@ class ModelRegistry:
             from cuvil_edge.bundle import verify_directory
 
             verify_directory(bundle_dir, self.config.pub)
-        manifest = read_manifest_dict(bundle_dir)
-        if str(manifest.get("name")) != name:
-            raise DaemonError(f"{bundle_dir}/manifest.json names model {manifest.get('name')!r}, "
+        manifest = read_manifest(bundle_dir)
+        if manifest.name != name:
+            raise DaemonError(f"{bundle_dir}/manifest.json names model {manifest.name!r}, "
                               f"but it is stored under {name!r}; reinstall the bundle")
-        ver = str(manifest["version"])
+        ver = manifest.version
         choice = self._choose_engine(bundle_dir, manifest)
         backend = self._backend(choice, bundle_dir, manifest)
         inst = self._instance(name, ver, bundle_dir, manifest, backend)
@@ -503,30 +506,30 @@ class ModelRegistry:
             self.measured(name, ver, inst.footprint_bytes)
         return inst
 
-    def _choose_engine(self, bundle_dir: Path, manifest: dict[str, Any]) -> EngineChoice:
+    def _choose_engine(self, bundle_dir: Path, manifest: Manifest) -> EngineChoice:
         """This device's engine for the bundle, or ONNX Runtime with the reason."""
         cfg = self.config
         try:
-            return choose_engine(Path(self.store.root) / "engines", bundle_dir, manifest,
+            return choose_engine(Path(self.store.layout.engines_dir), bundle_dir, manifest.to_dict(),
                                  root=str(getattr(cfg, "root", "/") or "/"), dla_core=getattr(cfg, "dla_core", None),
                                  allow_standin=bool(getattr(cfg, "engine_standin", False)),
                                  device=str(getattr(cfg, "device", "auto")))
         except CuvilEdgeError as exc:
-            return EngineChoice(precision=str(manifest.get("precision", ""))).fall_back(f"engine lookup failed: {exc}")
+            return EngineChoice(precision=manifest.precision).fall_back(f"engine lookup failed: {exc}")
 
     def engine_changed(self, inst: ModelInstance) -> bool:
         """Whether this device's engine for a served version differs from the one it serves
         (built, replaced or removed since it loaded): SIGHUP then reloads the same version."""
-        now = self._choose_engine(inst.bundle_dir, inst.manifest)
+        now = self._choose_engine(inst.bundle_dir, inst.spec)
         was = inst.engine
         return (now.backend, now.plan_sha256, now.refused) != (was.backend, was.plan_sha256, was.refused)
 
-    def _backend(self, choice: EngineChoice, bundle_dir: Path, manifest: dict[str, Any]) -> Backend:
+    def _backend(self, choice: EngineChoice, bundle_dir: Path, manifest: Manifest) -> Backend:
         if choice.backend == "onnxruntime":
-            return load_backend(bundle_dir, manifest, self.options, kind="ort")
-        return backend_for_choice(choice, manifest, self.options)
+            return load_backend(bundle_dir, manifest.to_dict(), self.options, kind="ort")
+        return backend_for_choice(choice, manifest.to_dict(), self.options)
 
-    def _instance(self, name: str, ver: str, bundle_dir: Path, manifest: dict[str, Any],
+    def _instance(self, name: str, ver: str, bundle_dir: Path, manifest: Manifest,
                   backend: Backend) -> ModelInstance:
         return ModelInstance(name, ver, bundle_dir, manifest, backend, self.config.max_batch,
                              self.config.preferred_batch, self.config.max_queue_delay_us,

@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from cuvil_edge.bundle.manifest import Manifest
 from cuvil_edge.errors import DaemonError
 from cuvil_edge.runtime.base import TensorSpec
 
@@ -138,17 +139,22 @@ class Pipeline:
     """Pre-processing, model call and post-processing for one bundle.
 
     Args:
-        manifest (Mapping[str, Any]): the bundle manifest (dict).
+        manifest (Manifest | Mapping[str, Any]): the bundle's typed manifest, or a mapping holding
+            its ``preprocess`` and ``postprocess`` sections (tests, the HIL suite).
         inputs (list[TensorSpec]): the model's inputs (from the backend).
         outputs (list[TensorSpec]): the model's outputs.
     """
 
-    def __init__(self, manifest: Mapping[str, Any], inputs: list[TensorSpec],
+    def __init__(self, manifest: Manifest | Mapping[str, Any], inputs: list[TensorSpec],
                  outputs: list[TensorSpec]) -> None:
         self.model_inputs = inputs
         self.model_outputs = outputs
-        self.pre = dict(manifest.get("preprocess") or {"kind": "none"})
-        self.post = dict(manifest.get("postprocess") or {"kind": "none"})
+        if isinstance(manifest, Manifest):
+            pre, post = manifest.preprocess, manifest.postprocess
+        else:  # the two sections alone (tests, the HIL suite)
+            pre, post = manifest.get("preprocess"), manifest.get("postprocess")
+        self.pre = dict(pre or {"kind": "none"})
+        self.post = dict(post or {"kind": "none"})
         self.image_spec: TensorSpec | None = None
         if self.pre.get("kind") == "image":
             if not inputs:

@@ -32,6 +32,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from cuvil_edge.bundle.manifest import Manifest
 from cuvil_edge.errors import CuvilEdgeError, DaemonError
 from cuvil_edge.runtime.buffers import BufferPool, Placement
 
@@ -55,11 +56,11 @@ def _builtin_notify(*lines: str) -> bool:
         return False
 
 
-def _io_bytes_per_item(manifest: dict[str, Any]) -> int:
+def _io_bytes_per_item(manifest: Manifest) -> int:
     from cuvil_edge.runtime.base import TensorSpec
 
     total = 0
-    for entry in list(manifest.get("inputs") or []) + list(manifest.get("outputs") or []):
+    for entry in [*manifest.inputs, *manifest.outputs]:
         try:
             spec = TensorSpec.from_manifest(entry)
         except CuvilEdgeError:
@@ -224,14 +225,14 @@ class Resources:
         """Reservation name of a model version (both versions are resident during a swap)."""
         return f"{name}:{version}"
 
-    def admit(self, name: str, version: str, bundle_dir: Path, manifest: dict[str, Any], estimate: int) -> None:
+    def admit(self, name: str, version: str, bundle_dir: Path, manifest: Manifest, estimate: int) -> None:
         """Reserve a model version's footprint; raises MemoryRefused when it does not fit."""
         if self.scheduler is None:
             return
         from cuvil_edge.daemon.kserve import MemoryRefused
         from cuvil_edge.daemon.scheduler import MemoryBudgetError
 
-        max_batch = max(1, int(self.config.max_batch or manifest.get("max_batch") or 1))
+        max_batch = max(1, int(self.config.max_batch or manifest.max_batch or 1))
         try:
             need = self.scheduler.estimate_footprint(bundle_dir, max_batch, self.config.max_depth,
                                                      _io_bytes_per_item(manifest))
@@ -348,7 +349,7 @@ class Resources:
             for inst in instances:
                 if inst.batcher is not None:
                     inflight += (inst.batcher.queued + inst.batcher.active * max(1, inst.max_batch)) * \
-                        _io_bytes_per_item(inst.manifest)
+                        _io_bytes_per_item(inst.spec)
                 if inst.inflight:
                     self.scheduler.touch(self.key(inst.name, inst.version))
             self.scheduler.set_dynamic_bytes(inflight)
@@ -375,8 +376,8 @@ class Resources:
                 except ImportError:
                     continue
                 ctl = self.prefetch[key] = PrefetchController(1, b.max_depth, initial_depth=min(2, b.max_depth))
-            target = (inst.manifest.get("latency_target_ms") or {}).get("p95")
-            depth = ctl.update(sample, inst.stats.queue_p95_ms(), float(target) if target else None,
+            target = inst.spec.latency_p95_ms
+            depth = ctl.update(sample, inst.stats.queue_p95_ms(), target or None,
                                memory_level=level, gpu_busy_pct=busy)
             if self.scheduler is not None:
                 depth = min(depth, self.scheduler.prefetch_cap(b.max_depth))

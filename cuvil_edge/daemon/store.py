@@ -1,6 +1,7 @@
 """The bundle store on the device: ``<root>/bundles/<name>/<version>/`` plus a ``current`` link.
 
-Layout (docs/bundle-format.md)::
+Layout (docs/bundle-format.md; the paths and the switch of ``current`` are
+:mod:`cuvil_edge.bundle.layout`'s, shared with deploy)::
 
     <root>/bundles/efficientnet-lite0/1.0.0/manifest.json ...
     <root>/bundles/efficientnet-lite0/1.1.0/...
@@ -14,45 +15,34 @@ Names and versions follow the bundle contract's one rule (:mod:`cuvil_edge.bundl
 every door: lookups refuse anything that is not one safe path component before touching the file
 system, and :meth:`BundleStore.install` checks the signature and the names before it writes or
 deletes anything. Installing needs the public key unless ``allow_unsigned`` says otherwise.
+Manifests are read with the typed parser (:class:`cuvil_edge.bundle.Manifest`), which owns the
+rules of which fields a served bundle needs.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
 
+from cuvil_edge.bundle import layout as _layout
+from cuvil_edge.bundle.layout import StoreLayout
+from cuvil_edge.bundle.manifest import Manifest
 from cuvil_edge.bundle.names import check_component, is_safe_component
-from cuvil_edge.errors import BundleError, DaemonError, SignatureError
+from cuvil_edge.errors import DaemonError, SignatureError
 
-__all__ = ["BundleStore", "read_manifest_dict"]
-
-_REQUIRED = ("name", "version", "inputs", "outputs")
+__all__ = ["BundleStore", "read_manifest"]
 
 
-def read_manifest_dict(bundle_dir: Path) -> dict[str, Any]:
-    """The manifest of an extracted bundle directory as a dict, with the fields the daemon needs.
+def read_manifest(bundle_dir: Path) -> Manifest:
+    """The typed manifest of an extracted bundle directory the daemon serves (no signature check).
 
     Raises:
-        BundleError: missing, unreadable or incomplete ``manifest.json``.
+        BundleError: missing, unreadable or incomplete ``manifest.json`` (the message names the field).
     """
-    path = Path(bundle_dir) / "manifest.json"
-    try:
-        data = json.loads(path.read_text())
-    except FileNotFoundError as exc:
-        raise BundleError(f"{path}: missing; a bundle directory holds manifest.json") from exc
-    except (OSError, ValueError) as exc:
-        raise BundleError(f"{path}: unreadable manifest: {exc}") from exc
-    if not isinstance(data, dict):
-        raise BundleError(f"{path}: the manifest must be a JSON object")
-    missing = [k for k in _REQUIRED if k not in data]
-    if missing:
-        raise BundleError(f"{path}: manifest lacks {', '.join(missing)}")
-    data.setdefault("model", "model.onnx")
-    return data
+    return Manifest.load(Path(bundle_dir) / "manifest.json", complete=False)
 
 
 class BundleStore:
@@ -64,7 +54,8 @@ class BundleStore:
 
     def __init__(self, root: Path) -> None:
         self.root = Path(root)
-        self.bundles = self.root / "bundles"
+        self.layout = StoreLayout.of(self.root, DaemonError)
+        self.bundles = Path(self.layout.bundles_dir)
 
     def check(self) -> None:
         """Raise DaemonError unless the store exists and is readable (creating ``bundles/``)."""
@@ -87,7 +78,7 @@ class BundleStore:
         """Versions of ``name`` present (directories holding a manifest.json); none for an unsafe name."""
         if not is_safe_component(name):
             return []
-        d = self.bundles / name
+        d = Path(self.layout.bundle_dir(name))
         if not d.is_dir():
             return []
         return sorted(p.name for p in d.iterdir()
@@ -95,10 +86,11 @@ class BundleStore:
 
     def current(self, name: str) -> str | None:
         """The version ``current`` points at; the only version when there is no link; else None."""
-        link = self.bundles / name / "current"
-        if link.is_symlink():
-            target = os.readlink(link)
-            return Path(target).name
+        if not is_safe_component(name):
+            return None
+        version = _layout.read_current(self.layout, name)
+        if version is not None:
+            return version
         versions = self.versions(name)
         return versions[0] if len(versions) == 1 else None
 
@@ -123,24 +115,24 @@ class BundleStore:
             check_component("version", version, DaemonError)
         except DaemonError as exc:
             raise DaemonError(f"invalid version: {exc}") from None
-        d = self.bundles / name / version
-        if not (d / "manifest.json").is_file():
+        d = Path(self.layout.version_dir(name, version))
+        if not Path(self.layout.manifest_path(name, version)).is_file():
             raise DaemonError(f"model {name!r} version {version!r} is not in the store")
         return d
 
-    def manifest(self, name: str, version: str | None = None) -> dict[str, Any]:
-        """The manifest dict of ``name`` at ``version`` (default: current)."""
-        return read_manifest_dict(self.path(name, version))
+    def manifest(self, name: str, version: str | None = None) -> Manifest:
+        """The typed manifest of ``name`` at ``version`` (default: current).
+
+        Raises:
+            DaemonError: no such model or version.
+            BundleError: its manifest is unreadable or incomplete.
+        """
+        return read_manifest(self.path(name, version))
 
     def set_current(self, name: str, version: str) -> None:
-        """Point ``current`` at ``version`` atomically (new link renamed over the old)."""
+        """Point ``current`` at ``version`` atomically (:func:`cuvil_edge.bundle.layout.point_current`)."""
         self.path(name, version)
-        d = self.bundles / name
-        tmp = d / f".current.{os.getpid()}.tmp"
-        if tmp.is_symlink() or tmp.exists():
-            tmp.unlink()
-        os.symlink(version, tmp)
-        os.replace(tmp, d / "current")
+        _layout.point_current(self.layout, name, version)
 
     def install(self, source: Path, make_current: bool = True, public_key: Any = None,
                 allow_unsigned: bool = False) -> tuple[str, str]:
@@ -170,11 +162,12 @@ class BundleStore:
             raise SignatureError(f"{source}: installing needs the signer's public key (pass it, or "
                                  "allow_unsigned=True / --allow-unsigned to skip the check)")
         if source.is_file():
-            from cuvil_edge.bundle import extract_bundle, read_manifest
+            from cuvil_edge.bundle import extract_bundle
+            from cuvil_edge.bundle import read_manifest as read_signed_manifest
 
-            m = read_manifest(source, public_key)  # signature and names, before any write
+            m = read_signed_manifest(source, public_key)  # signature and names, before any write
             name, version = m.name, m.version
-            dest = self.bundles / name / version
+            dest = Path(self.layout.version_dir(name, version))
             if not dest.exists():
                 dest.parent.mkdir(parents=True, exist_ok=True)
                 extract_bundle(source, dest, public_key)
@@ -183,10 +176,9 @@ class BundleStore:
                 from cuvil_edge.bundle import verify_directory
 
                 verify_directory(source, public_key)
-            data = read_manifest_dict(source)
-            name = check_component("name", data["name"])
-            version = check_component("version", data["version"])
-            dest = self.bundles / name / version
+            served = read_manifest(source)  # names checked by the parser, before any write
+            name, version = served.name, served.version
+            dest = Path(self.layout.version_dir(name, version))
             if not dest.exists():
                 dest.parent.mkdir(parents=True, exist_ok=True)
                 tmp = Path(tempfile.mkdtemp(prefix=f".{version}.", dir=dest.parent))

@@ -50,7 +50,10 @@ from cuvil_edge.bundle.activation import (
     write_state,
 )
 from cuvil_edge.bundle.activation import boot_id as _boot_id
-from cuvil_edge.errors import DeployError
+from cuvil_edge.bundle.layout import StoreLayout
+from cuvil_edge.bundle.names import is_safe_component
+from cuvil_edge.deploy.lockfile import lock_record, parse_record, pid_alive, record_expired
+from cuvil_edge.errors import CuvilEdgeError, DeployError
 
 __all__ = ["ActivateRequest", "LockBusy", "launch", "release_lock", "run_activate", "take_lock", "wait_outcome"]
 
@@ -112,31 +115,23 @@ class LockBusy(DeployError):
     """Another deploy holds the device lock."""
 
 
+def _layout(store: str) -> StoreLayout:
+    return StoreLayout.of(store, DeployError)
+
+
 def _lock_path(store: str) -> str:
-    return os.path.join(store, "deploy", "lock")
+    return _layout(store).lock_path
 
 
-def _read_json(path: str) -> dict[str, Any] | None:
+def _read_lock(store: str) -> dict[str, Any] | None:
+    """The device lock's record (:func:`cuvil_edge.deploy.lockfile.parse_record`)."""
     try:
-        with open(path, "rb") as f:
-            data = json.loads(f.read())
-        return data if isinstance(data, dict) else {}
+        with open(_lock_path(store), "rb") as f:
+            return parse_record(f.read())
     except FileNotFoundError:
         return None
-    except (OSError, ValueError):
-        return {}  # half-written by a run that died
-
-
-def _pid_alive(pid: int) -> bool:
-    if pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+    except OSError:
+        return {}
 
 
 def _write_json_atomic(path: str, data: dict[str, Any]) -> None:
@@ -159,12 +154,11 @@ def take_lock(store: str, txn: str, expires: float, handover_token: str | None =
     """
     path = _lock_path(store)
     os.makedirs(os.path.dirname(path), exist_ok=True)
-    record = {"host": socket.gethostname(), "pid": os.getpid(), "since": time.time(), "expires": expires,
-              "at": now_iso(), "where": "device", "txn": txn, "token": uuid.uuid4().hex}
+    record = lock_record("device", expires, txn=txn)
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
     except FileExistsError:
-        holder = _read_json(path)
+        holder = _read_lock(store)
         if holder is None:
             return take_lock(store, txn, expires, handover_token)
         note = ""
@@ -172,9 +166,9 @@ def take_lock(store: str, txn: str, expires: float, handover_token: str | None =
             note = ""
         elif holder.get("txn") == txn:
             note = ""
-        elif not holder or float(holder.get("expires", 0)) < time.time():
+        elif not holder or record_expired(holder):
             note = "took over an expired device lock"
-        elif holder.get("host") == socket.gethostname() and not _pid_alive(int(holder.get("pid", -1))):
+        elif holder.get("host") == socket.gethostname() and not pid_alive(int(holder.get("pid", -1))):
             note = f"took over the device lock of a process that is gone (pid {holder.get('pid')})"
         else:
             raise LockBusy(f"busy: {holder.get('where', 'host')} {holder.get('host')} (pid {holder.get('pid')}) "
@@ -189,7 +183,7 @@ def take_lock(store: str, txn: str, expires: float, handover_token: str | None =
 def adopt_lock(store: str, txn: str) -> bool:
     """The detached step makes the lock its own (its pid); False when the lock is not for ``txn``."""
     path = _lock_path(store)
-    holder = _read_json(path)
+    holder = _read_lock(store)
     if not holder or holder.get("txn") != txn:
         return False
     holder.update(pid=os.getpid(), host=socket.gethostname())
@@ -198,7 +192,7 @@ def adopt_lock(store: str, txn: str) -> bool:
 
 
 def release_lock(store: str, txn: str) -> None:
-    holder = _read_json(_lock_path(store))
+    holder = _read_lock(store)
     if holder is not None and holder.get("txn") == txn:
         try:
             os.unlink(_lock_path(store))
@@ -216,22 +210,14 @@ def _systemd_running(root: str) -> bool:
 
 def _gate(req: ActivateRequest, version: str, deadline: float) -> Any:
     """Load ``version`` (what ``current`` points at now) in the daemon and run the health gate."""
-    from cuvil_edge.deploy.health import HealthResult, check_health, daemon_load
+    from cuvil_edge.bundle.manifest import Manifest
+    from cuvil_edge.deploy.health import HealthResult, check_health, daemon_load, sample_member
 
-    vdir = os.path.join(req.store, "bundles", req.name, version)
+    vdir = _layout(req.store).version_dir(req.name, version)
     try:
-        with open(os.path.join(vdir, "manifest.json"), "rb") as f:
-            manifest = json.loads(f.read())
-    except (OSError, ValueError) as exc:
-        return HealthResult(False, f"{vdir}/manifest.json unreadable: {exc}")
-    val = manifest.get("validation") or {}
-
-    def member(key: str, default: str) -> bytes | None:
-        path = os.path.join(vdir, val.get(key, default))
-        if not os.path.isfile(path):
-            return None
-        with open(path, "rb") as f:
-            return f.read()
+        manifest = Manifest.load(vdir, complete=False)
+    except CuvilEdgeError as exc:
+        return HealthResult(False, str(exc))
 
     start = time.monotonic()
     budget = max(1.0, min(req.health_timeout, deadline - time.time() - GATE_MARGIN_S))
@@ -245,23 +231,25 @@ def _gate(req: ActivateRequest, version: str, deadline: float) -> Any:
     if err:
         return HealthResult(False, err, time.monotonic() - start)
     left = max(1.0, budget - (time.monotonic() - start))
-    return check_health(req.url, manifest, member("sample_inputs", "sample/inputs.npz"),
-                        member("sample_expected", "sample/expected.npz"), left, req.token)
+    return check_health(req.url, manifest, sample_member(vdir, manifest, "sample_inputs"),
+                        sample_member(vdir, manifest, "sample_expected"), left, req.token)
 
 
 # ---------------------------------------------------------------------------------------------- steps
 
 
 def _versions_by_age(store: str, name: str, state: dict[str, Any]) -> list[str]:
-    bdir = os.path.join(store, "bundles", name)
+    layout = _layout(store)
     try:
-        entries = os.listdir(bdir)
+        entries = os.listdir(layout.bundle_dir(name))
     except OSError:
         return []
     found = []
     for v in entries:
-        p = os.path.join(bdir, v)
-        if v in ("current", "current.new") or os.path.islink(p) or not os.path.isdir(p):
+        if not is_safe_component(v):  # current, a swap link, a staging leftover
+            continue
+        p = layout.version_dir(name, v)
+        if os.path.islink(p) or not os.path.isdir(p):
             continue
         rec = state.get("versions", {}).get(v, {})
         found.append((rec.get("installed", ""), os.stat(p).st_mtime, v))
@@ -277,7 +265,7 @@ def _prune(store: str, name: str, state: dict[str, Any], keep: int, protect: set
             break
         if v in protect:
             continue
-        shutil.rmtree(os.path.join(store, "bundles", name, v), ignore_errors=True)
+        shutil.rmtree(_layout(store).version_dir(name, v), ignore_errors=True)
         state.get("versions", {}).pop(v, None)
         removed.append(v)
         excess -= 1
@@ -317,7 +305,7 @@ def run_activate(req: ActivateRequest) -> dict[str, Any]:
         previous = current if current != version else state.get("previous")
         if previous == version:
             previous = None
-        if not os.path.isfile(os.path.join(store, "bundles", name, version, "manifest.json")):
+        if not os.path.isfile(_layout(store).manifest_path(name, version)):
             outcome = {"status": "failed", "previous": previous, "complete": True, "notes": notes,
                        "reason": f"{name} {version} is not in the store {store}; nothing switched"}
             _finish(req, state, outcome)
@@ -403,7 +391,8 @@ def _lost(req: ActivateRequest, state: dict[str, Any]) -> dict[str, Any]:
 
 
 def _log_path(store: str, txn: str) -> str:
-    directory = os.path.join(store, "deploy", "log")
+    layout = _layout(store)
+    directory = layout.log_dir
     os.makedirs(directory, exist_ok=True)
     logs = sorted((os.path.getmtime(os.path.join(directory, n)), n) for n in os.listdir(directory)
                   if n.startswith("activate-"))
@@ -412,7 +401,7 @@ def _log_path(store: str, txn: str) -> str:
             os.unlink(os.path.join(directory, n))
         except OSError:
             pass
-    return os.path.join(directory, f"activate-{txn}.log")
+    return layout.log_path(txn)
 
 
 def launch(req: ActivateRequest, python: str | None = None, launcher: str = "auto") -> dict[str, Any]:
@@ -501,8 +490,8 @@ def wait_outcome(store: str, name: str, txn: str, timeout: float, poll: float = 
         if not mine and pending.get("txn") != txn:
             # Not started, or starting: the launcher wrote the lock for txn and the detached step
             # has not written its pending record yet (a few seconds of interpreter start at most).
-            holder = _read_json(_lock_path(store)) or {}
-            starting = holder.get("txn") == txn and (_pid_alive(int(holder.get("pid", -1)))
+            holder = _read_lock(store) or {}
+            starting = holder.get("txn") == txn and (pid_alive(int(holder.get("pid", -1)))
                                                       or time.monotonic() < begin + START_GRACE_S)
             if not starting:
                 return {"txn": txn, "state": "unknown", "outcome": None, "pending": None,

@@ -35,7 +35,7 @@ from typing import Any
 
 import asyncssh
 
-from cuvil_edge.bundle import verify_bundle
+from cuvil_edge.bundle import Manifest, verify_bundle
 from cuvil_edge.bundle.container import MANIFEST_NAME, SIGNATURE_NAME, iter_member_bytes
 from cuvil_edge.deploy.activate import GATE_MARGIN_S
 from cuvil_edge.deploy.layout import DeviceActivating, DeviceBusy, DeviceLock, DeviceStore, check_component
@@ -63,7 +63,7 @@ class PreparedBundle:
     """A bundle verified on the host, with what deploy needs from it."""
 
     path: Path
-    manifest: Any
+    manifest: Manifest
     manifest_bytes: bytes
     sha256: str
     size: int
@@ -72,11 +72,11 @@ class PreparedBundle:
 
     @property
     def name(self) -> str:
-        return str(self.manifest.name)
+        return self.manifest.name
 
     @property
     def version(self) -> str:
-        return str(self.manifest.version)
+        return self.manifest.version
 
 
 def prepare_bundle(path: Path, public_key: Path | None) -> PreparedBundle:
@@ -92,9 +92,8 @@ def prepare_bundle(path: Path, public_key: Path | None) -> PreparedBundle:
     manifest = verify_bundle(path, public_key)
     check_component("name", manifest.name)
     check_component("version", manifest.version)
-    val = manifest.validation or {}
-    want = {MANIFEST_NAME, val.get("sample_inputs", "sample/inputs.npz"),
-            val.get("sample_expected", "sample/expected.npz")}
+    samples = {kind: manifest.sample_member(kind) for kind in ("sample_inputs", "sample_expected")}
+    want = {MANIFEST_NAME, *samples.values()}
     members = dict(iter_member_bytes(path, want))
     return PreparedBundle(
         path=path,
@@ -102,8 +101,8 @@ def prepare_bundle(path: Path, public_key: Path | None) -> PreparedBundle:
         manifest_bytes=members[MANIFEST_NAME],
         sha256=file_sha256(path),
         size=path.stat().st_size,
-        sample_inputs=members.get(val.get("sample_inputs", "sample/inputs.npz")),
-        sample_expected=members.get(val.get("sample_expected", "sample/expected.npz")),
+        sample_inputs=members.get(samples["sample_inputs"]),
+        sample_expected=members.get(samples["sample_expected"]),
     )
 
 

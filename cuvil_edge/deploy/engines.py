@@ -44,6 +44,7 @@ from cuvil_edge.bundle.engine_store import (
     plan_matches_key,
     sha256_bytes,
 )
+from cuvil_edge.bundle.layout import StoreLayout
 from cuvil_edge.deploy.transport import DeviceAddress, SSHTransport
 from cuvil_edge.errors import DeployError
 
@@ -211,7 +212,7 @@ async def _ensure(tr: SSHTransport, source: BundleEngineSource, cache: EngineSto
     if sha256_bytes(source.model) != model_sha:
         raise DeployError(f"{label}: the bundle's model does not hash to its plan's model sha256; repackage")
     out.key, out.model_sha256 = key.slug, model_sha
-    remote = EngineStore(Path(tr.address.store_root) / "engines")
+    remote = EngineStore(Path(StoreLayout(tr.address.store_root, DeployError).engines_dir))
     if not rebuild:
         rec = await _remote_verified(tr, remote, key, model_sha)
         if rec is not None:

@@ -12,17 +12,21 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import time
 import urllib.error
 import urllib.request
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from cuvil_edge.errors import DeployError
 
-__all__ = ["HealthResult", "check_health", "daemon_load", "daemon_request", "daemon_unload"]
+if TYPE_CHECKING:
+    from cuvil_edge.bundle.manifest import Manifest
+
+__all__ = ["HealthResult", "check_health", "daemon_load", "daemon_request", "daemon_unload", "sample_member"]
 
 _DTYPES = {
     "float32": "FP32", "float16": "FP16", "float64": "FP64", "int64": "INT64", "int32": "INT32",
@@ -114,9 +118,19 @@ def _load_npz(data: bytes) -> dict[str, np.ndarray]:
         return {k: z[k] for k in z.files}
 
 
+def sample_member(version_dir: str | os.PathLike[str], manifest: Manifest, kind: str) -> bytes | None:
+    """The bytes of the bundle's validation sample ``kind`` (``sample_inputs`` or ``sample_expected``)
+    in an extracted version directory; None when the bundle has none (the gate then checks readiness only)."""
+    path = os.path.join(os.fspath(version_dir), manifest.sample_member(kind))
+    if not os.path.isfile(path):
+        return None
+    with open(path, "rb") as f:
+        return f.read()
+
+
 def check_health(
     base_url: str,
-    manifest: dict[str, Any],
+    manifest: Manifest,
     inputs_npz: bytes | None,
     expected_npz: bytes | None,
     timeout: float = 60.0,
@@ -127,7 +141,7 @@ def check_health(
 
     Args:
         base_url (str): the daemon, e.g. ``http://127.0.0.1:8000``.
-        manifest (dict): the bundle's manifest (name, version, validation tolerances, outputs).
+        manifest (Manifest): the bundle's typed manifest (name, version, validation tolerances).
         inputs_npz (bytes): ``sample/inputs.npz``; None skips the sample check (ready only).
         expected_npz (bytes): ``sample/expected.npz``.
         timeout (float): seconds for the whole gate. Defaults to 60.
@@ -136,7 +150,7 @@ def check_health(
     """
     start = time.monotonic()
     deadline = start + timeout
-    name, version = manifest["name"], manifest["version"]
+    name, version = manifest.name, manifest.version
     ready_path = f"/v2/models/{name}/versions/{version}/ready"
     last = "no answer yet"
     while True:
@@ -153,9 +167,7 @@ def check_health(
         time.sleep(poll)
     if inputs_npz is None or expected_npz is None:
         return HealthResult(True, "ready (bundle has no validation sample)", time.monotonic() - start)
-    validation = manifest.get("validation") or {}
-    rtol = float(validation.get("rtol", 1e-3))
-    atol = float(validation.get("atol", 1e-2))
+    rtol, atol = manifest.tolerances
     inputs = _load_npz(inputs_npz)
     expected = _load_npz(expected_npz)
     request = {

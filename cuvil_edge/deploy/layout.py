@@ -1,5 +1,7 @@
 """The bundle store on a device and the operations deploy does on it, all through SFTP.
 
+The paths are the store layout's (:class:`cuvil_edge.bundle.layout.StoreLayout`, the rules the
+daemon's store and the device-side deploy step use too); this module only reaches them over SSH.
 Layout (docs/bundle-format.md; ``<store>`` defaults to ``/var/lib/cuvil-edge``)::
 
     <store>/bundles/<name>/<version>/        an extracted, verified bundle (what the daemon serves)
@@ -13,7 +15,8 @@ Layout (docs/bundle-format.md; ``<store>`` defaults to ``/var/lib/cuvil-edge``):
     <store>/deploy/lock                      held by the deploy or rollback in progress
 
 The host only reads the state file: every change to it (and every switch of ``current``) is made
-on the device, by the deploy step or the daemon (``cuvil_edge/bundle/activation.py``). Deploy state
+on the device, by the deploy step or the daemon (``cuvil_edge/bundle/activation.py``), with
+:func:`cuvil_edge.bundle.layout.point_current`. Deploy state
 lives outside ``bundles/`` so the daemon never mistakes it for a version. A version that fails
 its health gate with no previous version to return to leaves ``bundles/`` too (to quarantine),
 because the daemon serves the only version of a model that has no ``current`` link; deploying
@@ -22,7 +25,6 @@ the same bundle again moves it back without sending it.
 
 from __future__ import annotations
 
-import datetime as _dt
 import json
 import os
 import uuid
@@ -31,8 +33,10 @@ from typing import Any
 
 import asyncssh
 
+from cuvil_edge.bundle.layout import StoreLayout, version_of_link
 from cuvil_edge.bundle.names import check_component as _check_component
 from cuvil_edge.bundle.names import is_safe_component
+from cuvil_edge.deploy.lockfile import lock_record, parse_record, pid_alive, record_expired
 from cuvil_edge.deploy.transport import SSHTransport
 from cuvil_edge.errors import DeployError
 
@@ -46,10 +50,6 @@ def check_component(kind: str, value: str) -> str:
     return _check_component(kind, value, DeployError)
 
 
-def now_iso() -> str:
-    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
-
-
 @dataclass
 class DeviceStore:
     """Paths and operations of one device's bundle store."""
@@ -60,33 +60,37 @@ class DeviceStore:
     def root(self) -> str:
         return self.tr.address.store_root
 
+    @property
+    def layout(self) -> StoreLayout:
+        """The device's store paths (unsafe names raise DeployError)."""
+        return StoreLayout(self.root, DeployError)
+
     def bundle_dir(self, name: str) -> str:
-        return os.path.join(self.root, "bundles", check_component("name", name))
+        return self.layout.bundle_dir(name)
 
     def version_dir(self, name: str, version: str) -> str:
-        return os.path.join(self.bundle_dir(name), check_component("version", version))
+        return self.layout.version_dir(name, version)
 
     def current_link(self, name: str) -> str:
-        return os.path.join(self.bundle_dir(name), "current")
+        return self.layout.current_link(name)
 
     def upload_path(self, sha256: str) -> str:
-        return os.path.join(self.root, "deploy", "uploads", f"{sha256}.cvb")
+        return self.layout.upload_path(sha256)
 
     def staging_dir(self, name: str, version: str) -> str:
-        return os.path.join(self.root, "deploy", "staging", f"{name}-{version}.{os.getpid()}")
+        return self.layout.staging_dir(name, version)
 
     def quarantine_dir(self, name: str, version: str) -> str:
         """Where a version that failed its gate on a fresh install waits, out of the daemon's sight."""
-        return os.path.join(self.root, "deploy", "quarantine", check_component("name", name),
-                            check_component("version", version))
+        return self.layout.quarantine_dir(name, version)
 
     def state_path(self, name: str) -> str:
-        return os.path.join(self.root, "deploy", "state", f"{check_component('name', name)}.json")
+        return self.layout.state_path(name)
 
     # -- reading ----------------------------------------------------------------------------
 
     async def names(self) -> list[str]:
-        return [n for n in await self.tr.listdir(os.path.join(self.root, "bundles")) if is_safe_component(n)]
+        return [n for n in await self.tr.listdir(self.layout.bundles_dir) if is_safe_component(n)]
 
     async def versions(self, name: str) -> list[str]:
         """Installed versions of ``name``, oldest install first."""
@@ -107,10 +111,10 @@ class DeviceStore:
         target = await self.tr.readlink(self.current_link(name))
         if target is None:
             return None
-        return os.path.basename(target.rstrip("/"))
+        return version_of_link(target)
 
     async def manifest_bytes(self, name: str, version: str) -> bytes | None:
-        return await self.tr.read_bytes(os.path.join(self.version_dir(name, version), "manifest.json"), 16 << 20)
+        return await self.tr.read_bytes(self.layout.manifest_path(name, version), 16 << 20)
 
     async def read_state(self, name: str) -> dict[str, Any]:
         raw = await self.tr.read_bytes(self.state_path(name), 4 << 20)
@@ -158,16 +162,12 @@ class DeviceLock:
 
     @property
     def path(self) -> str:
-        return os.path.join(self.tr.address.store_root, "deploy", "lock")
+        return StoreLayout(self.tr.address.store_root, DeployError).lock_path
 
     def _record(self) -> bytes:
-        import socket
         import time
 
-        now = time.time()
-        return json.dumps({"host": socket.gethostname(), "pid": os.getpid(), "since": now,
-                           "expires": now + self.lease_s, "at": now_iso(), "where": "host",
-                           "token": self.token}).encode()
+        return json.dumps(lock_record("host", time.time() + self.lease_s, self.token)).encode()
 
     async def acquire(self) -> None:
         await self.tr.makedirs(os.path.dirname(self.path))
@@ -190,16 +190,11 @@ class DeviceLock:
 
     async def _stale(self) -> bool:
         import socket
-        import time
 
-        raw = await self.tr.read_bytes(self.path, 65536)
-        if raw is None:
-            return True
-        try:
-            holder = json.loads(raw)
-        except ValueError:
-            return True  # half-written by a run that died
-        if float(holder.get("expires", 0)) < time.time():
+        holder = parse_record(await self.tr.read_bytes(self.path, 65536))
+        if not holder:
+            return True  # gone, or half-written by a run that died
+        if record_expired(holder):
             return True
         if holder.get("where") == "device":
             pid = int(holder.get("pid", -1))
@@ -211,7 +206,7 @@ class DeviceLock:
                 str(holder.get("txn")), float(holder.get("expires", 0)))
         if holder.get("host") == socket.gethostname():
             pid = int(holder.get("pid", -1))
-            if pid == os.getpid() or not _pid_alive(pid):
+            if pid == os.getpid() or not pid_alive(pid):
                 return True
         raise DeviceBusy(
             f"{self.tr.address.label}: busy: a deploy from {holder.get('host')} (pid {holder.get('pid')}) holds "
@@ -220,25 +215,10 @@ class DeviceLock:
 
     async def held(self) -> bool:
         """True while the lock file still carries this run's token (not handed over, not taken)."""
-        raw = await self.tr.read_bytes(self.path, 65536)
-        try:
-            return raw is not None and json.loads(raw).get("token") == self.token
-        except ValueError:
-            return False
+        holder = parse_record(await self.tr.read_bytes(self.path, 65536))
+        return bool(holder) and holder.get("token") == self.token
 
     async def release(self) -> None:
         """Remove the lock unless the device-side step took it over (it releases it itself)."""
         if await self.held():
             await self.tr.remove(self.path)
-
-
-def _pid_alive(pid: int) -> bool:
-    if pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True

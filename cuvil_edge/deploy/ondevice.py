@@ -12,8 +12,9 @@ runs, else a new session with its own log), then, with ``--wait``, prints its ou
 when it is recorded. ``wait`` prints the outcome of a transaction (the host calls it after a
 reconnect). ``revert-expired`` reverts pending switches past their deadline (the daemon does the
 same at start and on its tick). ``probe`` prints the device's facts, whether the bundle fits,
-what ``current`` points at, the deploy state and the device's copy of this version's manifest;
-exit 1 when the bundle does not fit. ``health`` asks the daemon to load the model (``--load``) and
+what ``current`` points at, the deploy state, the device's copy of this version's manifest and
+the store paths a deploy of it touches (``paths``, from ``bundle/layout.py``: the Ansible role
+names no path itself); exit 1 when the bundle does not fit or its manifest is refused. ``health`` asks the daemon to load the model (``--load``) and
 runs the health gate; exit 1 when it fails. Heavy imports wait for the subcommand that needs them,
 so ``activate`` and ``wait`` start in a fraction of a second on a small board.
 """
@@ -23,37 +24,51 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from cuvil_edge.bundle.layout import StoreLayout
 
 __all__ = ["main"]
 
 ACK_WAIT_S = 15.0
 
 
+def _layout(store: str) -> StoreLayout:
+    from cuvil_edge.bundle.layout import StoreLayout
+
+    return StoreLayout(store)
+
+
 def _probe(args: argparse.Namespace) -> int:
     from cuvil_edge.bundle import Manifest
+    from cuvil_edge.bundle.activation import current_version, read_state
     from cuvil_edge.deploy.probe import IncompatibleDevice, check_compatible, probe_local
+    from cuvil_edge.errors import BundleError
 
-    manifest = Manifest.from_bytes(sys.stdin.buffer.read(), "manifest.json (stdin)")
+    try:  # the one parser and the one name rule, before any path is named
+        manifest = Manifest.from_bytes(sys.stdin.buffer.read(), "manifest.json (stdin)")
+    except BundleError as exc:
+        print(json.dumps({"ok": False, "reason": str(exc), "notes": []}))
+        return 1
+    if args.sha256 is not None and not re.fullmatch(r"[0-9a-f]{64}", args.sha256):
+        print(json.dumps({"ok": False, "reason": f"--sha256 {args.sha256[:80]!r}: not a sha256 hex digest",
+                          "notes": []}))
+        return 1
+    layout = _layout(args.store)
     facts = probe_local(args.root)
-    out: dict[str, Any] = {"ok": True, "reason": "", "facts": facts.to_dict(), "notes": []}
+    out: dict[str, Any] = {"ok": True, "reason": "", "facts": facts.to_dict(), "notes": [],
+                           "paths": layout.deploy_paths(manifest.name, manifest.version, args.sha256)}
     try:
         out["notes"] = check_compatible(manifest, facts, "device")
     except IncompatibleDevice as exc:
         out.update(ok=False, reason=str(exc))
-    bdir = os.path.join(args.store, "bundles", manifest.name)
+    out["current"] = current_version(args.store, manifest.name) or ""
+    out["state"] = read_state(args.store, manifest.name)
     try:
-        out["current"] = os.path.basename(os.readlink(os.path.join(bdir, "current")).rstrip("/"))
-    except OSError:
-        out["current"] = ""
-    try:
-        with open(os.path.join(args.store, "deploy", "state", f"{manifest.name}.json")) as f:
-            out["state"] = json.load(f)
-    except (OSError, ValueError):
-        out["state"] = {"name": manifest.name, "previous": None, "versions": {}, "events": []}
-    try:
-        with open(os.path.join(bdir, manifest.version, "manifest.json")) as f:
+        with open(layout.manifest_path(manifest.name, manifest.version)) as f:
             out["manifest"] = f.read()
     except OSError:
         out["manifest"] = None
@@ -62,29 +77,24 @@ def _probe(args: argparse.Namespace) -> int:
 
 
 def _health(args: argparse.Namespace) -> int:
-    from cuvil_edge.deploy.health import check_health, daemon_load
+    from cuvil_edge.bundle import Manifest
+    from cuvil_edge.bundle.activation import current_version
+    from cuvil_edge.deploy.health import check_health, daemon_load, sample_member
 
-    base = os.path.join(args.store, "bundles", args.name)
-    version = args.version or os.path.basename(os.readlink(os.path.join(base, "current")))
-    vdir = os.path.join(base, version)
-    with open(os.path.join(vdir, "manifest.json"), "rb") as f:
-        manifest = json.loads(f.read())
-    val = manifest.get("validation") or {}
-
-    def member(key: str, default: str) -> bytes | None:
-        path = os.path.join(vdir, val.get(key, default))
-        if not os.path.isfile(path):
-            return None
-        with open(path, "rb") as f:
-            return f.read()
+    layout = _layout(args.store)
+    version = args.version or current_version(args.store, args.name)
+    if version is None:
+        raise SystemExit(f"{layout.current_link(args.name)}: no current version; pass --version")
+    vdir = layout.version_dir(args.name, version)
+    manifest = Manifest.load(vdir, complete=False)
 
     if args.load:
         err = daemon_load(args.url, args.name, args.timeout, args.token)
         if err:
             print(json.dumps({"ok": False, "reason": err, "version": version}))
             return 1
-    result = check_health(args.url, manifest, member("sample_inputs", "sample/inputs.npz"),
-                          member("sample_expected", "sample/expected.npz"), args.timeout, args.token)
+    result = check_health(args.url, manifest, sample_member(vdir, manifest, "sample_inputs"),
+                          sample_member(vdir, manifest, "sample_expected"), args.timeout, args.token)
     out = result.to_dict()
     out["version"] = version
     print(json.dumps(out))
@@ -92,13 +102,11 @@ def _health(args: argparse.Namespace) -> int:
 
 
 def _request(args: argparse.Namespace) -> Any:
-    import re
-
+    from cuvil_edge.bundle.names import is_safe_component
     from cuvil_edge.deploy.activate import ActivateRequest
 
-    safe = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,127}")
     for flag, value in (("--name", args.name), ("--version", args.version)):
-        if not safe.fullmatch(value) or value in ("current", "current.new", "previous"):
+        if not is_safe_component(value):
             raise SystemExit(f"{flag} {value!r}: not a plain directory name")
     if not re.fullmatch(r"[A-Za-z0-9]{4,64}", args.txn):
         raise SystemExit(f"--txn {args.txn!r}: use 4 to 64 letters and digits")
@@ -229,6 +237,7 @@ def main(argv: list[str] | None = None) -> int:
     pr = sub.add_parser("probe", help="device facts, bundle fit (manifest on stdin), store state")
     pr.add_argument("--root", default="/")
     pr.add_argument("--store", default="/var/lib/cuvil-edge")
+    pr.add_argument("--sha256", default=None, help="sha256 of the bundle file: names its upload path in 'paths'")
     he = sub.add_parser("health", help="load the model and run the health gate")
     he.add_argument("--store", default="/var/lib/cuvil-edge")
     he.add_argument("--name", required=True)

@@ -14,7 +14,6 @@ and checks a bundle against them, and re-exports the shared names.
 from __future__ import annotations
 
 import re
-from typing import Any
 
 from cuvil_edge.bundle.device_facts import (
     DeviceFacts,
@@ -23,6 +22,7 @@ from cuvil_edge.bundle.device_facts import (
     probe_local,
     profile_from_model,
 )
+from cuvil_edge.bundle.manifest import Manifest
 from cuvil_edge.deploy.transport import SSHTransport
 from cuvil_edge.errors import DeployError
 from cuvil_edge.targets import get_target
@@ -77,7 +77,7 @@ def _ver3(v: str | None) -> str | None:
     return ".".join(parts[:3])
 
 
-def check_compatible(manifest: Any, facts: DeviceFacts, label: str = "device") -> list[str]:
+def check_compatible(manifest: Manifest, facts: DeviceFacts, label: str = "device") -> list[str]:
     """Raise :class:`IncompatibleDevice` when the bundle cannot run on the device.
 
     Rules: the CPU architecture must equal the bundle target's. A TensorRT bundle also needs a
@@ -88,18 +88,18 @@ def check_compatible(manifest: Any, facts: DeviceFacts, label: str = "device") -
     Returns:
         list[str]: notes (allowed differences).
     """
-    target = manifest.target if isinstance(manifest.target, dict) else dict(manifest.target)
+    target = manifest.target
     name = f"bundle {manifest.name} {manifest.version}"
     want_arch = target.get("arch")
     notes: list[str] = []
     if want_arch and want_arch != facts.arch:
         raise IncompatibleDevice(
-            f"{label}: {name} is built for {want_arch} (target {target.get('name')}) but the device is "
+            f"{label}: {name} is built for {want_arch} (target {manifest.target_name}) but the device is "
             f"{facts.arch}; package the model for this device's target"
         )
     if manifest.format_kind != "tensorrt":
-        if target.get("name") and facts.profile and target.get("name") != facts.profile:
-            notes.append(f"bundle target {target.get('name')}, device profile {facts.profile}")
+        if manifest.target_name and facts.profile and manifest.target_name != facts.profile:
+            notes.append(f"bundle target {manifest.target_name}, device profile {facts.profile}")
         return notes
     want_sm = str(target.get("gpu_sm") or "")
     dev_sm = ""
@@ -115,11 +115,11 @@ def check_compatible(manifest: Any, facts: DeviceFacts, label: str = "device") -
         )
     if want_sm and dev_sm != want_sm:
         raise IncompatibleDevice(
-            f"{label}: {name} targets GPU SM {want_sm} ({target.get('name')}) but the device "
+            f"{label}: {name} targets GPU SM {want_sm} ({manifest.target_name}) but the device "
             f"{facts.profile} has SM {dev_sm}"
         )
-    if target.get("name") and target.get("name") != facts.profile:
-        notes.append(f"bundle target {target.get('name')}, device {facts.profile} (same SM {dev_sm})")
+    if manifest.target_name and manifest.target_name != facts.profile:
+        notes.append(f"bundle target {manifest.target_name}, device {facts.profile} (same SM {dev_sm})")
     releases = target.get("releases") or []
     if not facts.l4t or not facts.tensorrt:
         raise IncompatibleDevice(
@@ -132,7 +132,7 @@ def check_compatible(manifest: Any, facts: DeviceFacts, label: str = "device") -
         _ver3(str(r.get("tensorrt"))) == dev_trt and str(r.get("l4t", "")).split(".")[0] == facts.l4t.split(".")[0]
         for r in releases
     )
-    plans = [_ver3(str(p.get("tensorrt"))) for p in (getattr(manifest, "build_plans", None) or [])]
+    plans = [_ver3(str(p.get("tensorrt"))) for p in manifest.build_plans]
     if not ok_release and dev_trt not in plans:
         supported = ", ".join(f"L4T {r.get('l4t')}/TensorRT {r.get('tensorrt')}" for r in releases) or "none"
         raise IncompatibleDevice(

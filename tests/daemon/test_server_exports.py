@@ -33,7 +33,7 @@ MODULES = {
     "cuvil_edge.daemon.server": ["STARTUP_FAILURE", "Server", "ServerState"],
     "cuvil_edge.daemon.shm": ["CUDA_SHM_UNSUPPORTED", "OutputTarget", "SharedMemoryError", "SharedMemoryRegistry",
                               "ShmRegion", "shm_params", "shm_route"],
-    "cuvil_edge.daemon.store": ["BundleStore", "read_manifest_dict"],
+    "cuvil_edge.daemon.store": ["BundleStore", "read_manifest"],
 }
 
 
