@@ -8,7 +8,7 @@ no longer imports the packager to compare a plan's TensorRT version with the one
 
 The key itself (:class:`EngineKey`, :func:`engine_cache_key`) lives here too, so the engine store
 (:mod:`cuvil_edge.bundle.engine_store`), the runtime's engine choice and deploy all read one
-definition; ``cuvil_edge.packager.engine`` re-exports both.
+definition.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """The engine build plan format (``cuvil-engine-plan/1``): what a bundle's ``engine/plan-*.json`` holds.
 
-The packager writes plans (:func:`cuvil_edge.packager.engine.make_build_plan`); the device-side
+The packager writes plans (:func:`cuvil_edge.packager.engine_plan.make_build_plan`); the device-side
 builder and deploy read and check them, so the format and its check live here, in the bundle
-contract, below all three. ``cuvil_edge.packager.engine`` re-exports these names.
+contract, below all three.
 """
 
 from __future__ import annotations

@@ -17,8 +17,7 @@ key or another model, or whose plan bytes do not hash to the record's: the daemo
 the bundle with ONNX Runtime and says why.
 
 This layout is a host-device contract, so it lives in the bundle package, below the packager,
-deploy and the runtime (none of them import each other for it); ``cuvil_edge.packager.engine_store``
-re-exports these names.
+deploy and the runtime (none of them import each other for it).
 
 :func:`key_for_facts` is the one place where a device's facts (L4T, TensorRT, SM of its board
 profile, DLA core) become an :class:`~cuvil_edge.bundle.engine_key.EngineKey`: the host (over SSH),

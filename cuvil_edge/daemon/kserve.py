@@ -362,7 +362,7 @@ def model_config_doc(inst: ModelInstance) -> dict[str, Any]:
                             "kind": "KIND_GPU" if inst.engine.backend == "tensorrt" else "KIND_CPU"}],
         # Relative to the store: the device's file system layout is nobody's business.
         "parameters": {"cuvil.bundle": {"string_value": f"bundles/{inst.name}/{inst.version}"},
-                       "cuvil.precision": {"string_value": str(inst.manifest.get("precision", ""))},
+                       "cuvil.precision": {"string_value": inst.spec.precision},
                        # gRPC's ModelConfig has no field for these: parameters carry them there.
                        "cuvil.backend": {"string_value": inst.engine.backend},
                        "cuvil.engine_key": {"string_value": inst.engine.engine_key or ""},

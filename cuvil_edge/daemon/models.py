@@ -49,7 +49,7 @@ class ModelInstance:
         name (str): model name.
         version (str): bundle version.
         bundle_dir (Path): the extracted bundle.
-        manifest (Manifest): its typed manifest (``spec``; ``manifest`` keeps the dict form).
+        manifest (Manifest): its typed manifest (kept as ``spec``).
         backend (Backend): the (inactive) backend.
         max_batch_cap (int | None): the daemon's cap on batch size.
         preferred (list[int]): preferred batch sizes.
@@ -71,9 +71,6 @@ class ModelInstance:
         self.version = version
         self.bundle_dir = bundle_dir
         self.spec = manifest
-        # The dict form, for the protocol front ends until they read ``spec``; it is what the
-        # runtime's loaders take (they read a Mapping).
-        self.manifest: dict[str, Any] = manifest.to_dict()
         self.backend = backend
         self.stats = ModelStats(name, version)
         self.pipeline: Pipeline | None = None
@@ -510,7 +507,7 @@ class ModelRegistry:
         """This device's engine for the bundle, or ONNX Runtime with the reason."""
         cfg = self.config
         try:
-            return choose_engine(Path(self.store.layout.engines_dir), bundle_dir, manifest.to_dict(),
+            return choose_engine(Path(self.store.layout.engines_dir), bundle_dir, manifest,
                                  root=str(getattr(cfg, "root", "/") or "/"), dla_core=getattr(cfg, "dla_core", None),
                                  allow_standin=bool(getattr(cfg, "engine_standin", False)),
                                  device=str(getattr(cfg, "device", "auto")))
@@ -526,8 +523,8 @@ class ModelRegistry:
 
     def _backend(self, choice: EngineChoice, bundle_dir: Path, manifest: Manifest) -> Backend:
         if choice.backend == "onnxruntime":
-            return load_backend(bundle_dir, manifest.to_dict(), self.options, kind="ort")
-        return backend_for_choice(choice, manifest.to_dict(), self.options)
+            return load_backend(bundle_dir, manifest, self.options, kind="ort")
+        return backend_for_choice(choice, manifest, self.options)
 
     def _instance(self, name: str, ver: str, bundle_dir: Path, manifest: Manifest,
                   backend: Backend) -> ModelInstance:

@@ -5,12 +5,10 @@ The runtime reads a handful of manifest fields (model file, name and version for
 :class:`~cuvil_edge.bundle.manifest.Manifest`, the bundle's own parser, so a field renamed there
 is renamed here too.
 
-Transition: the daemon still hands the runtime the manifest as a dict (its store reads
-``manifest.json`` checking four fields only). A dict goes through :meth:`Manifest.from_dict`;
-when that refuses it (a store written by hand, as tests and the serving benchmark do, without
+The daemon passes the typed manifest its store read. A dict (library callers, scripts) goes
+through :meth:`Manifest.from_dict`; when that refuses it (a manifest written by hand without
 ``files`` or ``target``), the fields the runtime reads are taken as they are, with the defaults
-the runtime always applied, so what serves today still serves. Once every caller passes a
-``Manifest`` this fallback goes.
+the runtime always applied, so such a dict still loads.
 """
 
 from __future__ import annotations
