@@ -261,6 +261,7 @@ class MemoryScheduler:
         self.level = PressureLevel.NORMAL
         self.reason = "no telemetry yet"
         self._calm = 0
+        self._nothing_to_unload = False  # UNLOAD_LRU found nothing (logged once until that changes)
         self._last_sample: Sample | None = None
         self._swap_prev: tuple[float, float] | None = None
         self.swap_growth_mb_s: float | None = None
@@ -622,6 +623,7 @@ class MemoryScheduler:
             elif new >= PressureLevel.UNLOAD_LRU and self.headroom_bytes < 0:
                 actions.append((PressureLevel.UNLOAD_LRU, {}))  # still over budget: unload another
             if new != old:
+                self._nothing_to_unload = False
                 self.events.append({"t": sample.timestamp, "from": old.name, "to": new.name, "reason": self.reason})
                 del self.events[:-100]
                 log.warning("memory pressure %s -> %s (%s)", old.name, new.name, self.reason)
@@ -649,9 +651,13 @@ class MemoryScheduler:
             elif lvl == PressureLevel.UNLOAD_LRU:
                 name = self.lru_idle(served_within_s=self.thresholds.unload_served_within_s)
                 if name is None:
-                    log.warning("memory pressure UNLOAD_LRU: no idle model to unload (models that served in the "
-                                "last %.0f s are kept)", self.thresholds.unload_served_within_s)
+                    # Once per stay at this level: the step is retried every sample while over budget.
+                    if not self._nothing_to_unload:
+                        log.warning("memory pressure UNLOAD_LRU: no idle model to unload (models that served in "
+                                    "the last %.0f s are kept)", self.thresholds.unload_served_within_s)
+                    self._nothing_to_unload = True
                     return
+                self._nothing_to_unload = False
                 kwargs = {"name": name}
             self.steps_total[lvl.name] += 1
         log.warning("memory pressure step %s %s", lvl.name, kwargs or "")
