@@ -564,7 +564,10 @@ def board_mode(ctx: Any, mode: str, args: argparse.Namespace) -> dict[str, Any]:
         "errors_by_kind": dict(sorted(load.error_kinds.items(), key=lambda kv: -kv[1])[:8]),
         "phases_s": {"squeeze_start": round(hog_start - t0, 1), "squeeze_end": round(hog_end - t0, 1),
                      "end": round(end - t0, 1)},
-        "daemon_log_pressure": [ln for ln in journal.splitlines() if "memory pressure" in ln][-12:],
+        # A reload ping-pong (unloads and reloads far past the number of idle models) shows here.
+        "ladder_unloads": journal.count("unloading the least recently used idle model"),
+        "ladder_reloads": journal.count("memory pressure over: loading"),
+        "daemon_log_pressure": [ln for ln in journal.splitlines() if "memory pressure" in ln][-40:],
         "trace": trace,
         "served_per_s_trace": _rate_trace(recs, t0, end),
     }
@@ -630,7 +633,8 @@ def qemu_system(args: argparse.Namespace) -> dict[str, Any]:
             results[mode] = board_mode(ctx, mode, args)
             r = results[mode]
             print(json.dumps({k: r[k] for k in ("board", "daemon_oom_kills", "daemon_restarts", "baseline", "squeeze",
-                                                "recovery", "recovery_s", "retry_after_on_503")}, indent=1), flush=True)
+                                                "recovery", "recovery_s", "retry_after_on_503",
+                                                "ladder_unloads", "ladder_reloads")}, indent=1), flush=True)
     shutil.rmtree(workdir, ignore_errors=True)
     return {"board": {**facts, "boot_seconds": board.boot_seconds, "cpu": board.target.cpu,
                       "smp": board.target.smp, "mem_mb": args.mem_mb, "accel": "tcg (emulated, no KVM)"},

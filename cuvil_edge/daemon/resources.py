@@ -245,11 +245,15 @@ class Resources:
 
     def measured(self, name: str, version: str, nbytes: int) -> None:
         """Replace the estimate with the measured size."""
-        if self.scheduler is not None and nbytes > 0:
-            try:
-                self.scheduler.measure(self.key(name, version), nbytes)
-            except CuvilEdgeError as exc:
-                log.debug("measure: %s", exc)
+        if self.scheduler is None:
+            return
+        if nbytes <= 0:
+            self.scheduler.loaded(self.key(name, version))
+            return
+        try:
+            self.scheduler.measure(self.key(name, version), nbytes)
+        except CuvilEdgeError as exc:
+            log.debug("measure: %s", exc)
 
     def release(self, name: str, version: str) -> None:
         """Forget a retired version's reservation."""
@@ -299,6 +303,8 @@ class Resources:
             loop = asyncio.get_running_loop()
         except RuntimeError:
             return
+        from cuvil_edge.daemon.kserve import MemoryRefused
+
         pending = sorted(self.unloaded_by_pressure)
         self.unloaded_by_pressure.clear()
         registry, scheduler = self.registry, self.scheduler
@@ -312,7 +318,10 @@ class Resources:
                 log.warning("memory pressure over: loading %s again", model)
                 try:
                     await registry.load(model)
-                except Exception as exc:  # refused by admission, or a load error: logged by the registry
+                except MemoryRefused as exc:  # it does not fit yet: try again at the next calm
+                    self.unloaded_by_pressure.add(model)
+                    log.warning("loading %s again refused, it waits for the next calm: %s", model, exc)
+                except Exception as exc:  # a load error, logged by the registry
                     log.warning("loading %s again failed: %s", model, exc)
 
         task = loop.create_task(reload_in_turn())

@@ -266,7 +266,7 @@ class Server:
             self.state.limits = replace(limits, max_buffered=want)
             return
         try:
-            sched.admit("http:request-buffers", want)
+            sched.admit("http:request-buffers", want, loading=False)
         except MemoryBudgetError as exc:
             log.warning("request buffers not reserved in the memory budget: %s", exc)
         # Busy for good: the pressure ladder never picks this reservation as an idle model to unload.

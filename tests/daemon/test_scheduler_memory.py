@@ -235,6 +235,35 @@ class TestPressureLadder:
         now[0] += 10.0  # quiet for 11 s: now it may go
         assert s.lru_idle(served_within_s=10) == "hot"
 
+    def test_a_load_in_progress_is_not_counted_twice(self) -> None:
+        """While a model loads, the board's growth is the load's (up to its estimate), not another
+        process's: counted twice, it put the daemon over budget and unloaded an idle model, which
+        reloaded once calm and unloaded the first, over and over (seen on the emulated board). A
+        neighbour that grows beyond the load's estimate during the load still counts."""
+        s = MemoryScheduler(8192 * MiB, reserve_mb=512)
+        unloaded: list[str] = []
+        s.on_step(PressureLevel.UNLOAD_LRU, lambda name: (unloaded.append(name), s.release(name)))
+        s.admit("idle", 1000 * MiB)
+        s.measure("idle", 1000 * MiB)
+        s.update(sample(2000))  # 1000 MiB of others
+        s.admit("loading", 3000 * MiB)
+        for grown in (1000, 2900, 2900):  # the load's own growth, within its estimate
+            assert s.update(sample(2000 + grown)) == PressureLevel.NORMAL
+        assert unloaded == [] and s.other_bytes == 1000 * MiB
+        assert s.update(sample(2000 + 2900 + 3000)) >= PressureLevel.UNLOAD_LRU  # a neighbour's 3 GB
+        assert unloaded == ["idle"] and s.other_bytes >= 3900 * MiB
+        s.measure("loading", 2900 * MiB)  # measured: the growth from now on is others' again
+        s.update(sample(2000 + 2900 + 3000))
+        assert s.other_bytes == (2000 + 2900 + 3000 - 2900) * MiB  # all but the measured load
+
+    def test_reserved_capacity_is_not_a_load(self) -> None:
+        """Request buffers reserved ahead of use (``loading=False``) never hide others' growth."""
+        s = MemoryScheduler(8192 * MiB, reserve_mb=512)
+        s.update(sample(2000))
+        s.admit("http:request-buffers", 256 * MiB, loading=False)
+        s.update(sample(2200))
+        assert s.other_bytes == 2200 * MiB
+
     def test_a_failing_callback_does_not_stop_the_ladder(self) -> None:
         s = MemoryScheduler(10000 * MiB, reserve_mb=0)
         s.on_step(PressureLevel.SHRINK_PREFETCH, lambda: 1 / 0)

@@ -145,6 +145,9 @@ class Reservation:
     last_served: float | None = None  # the last time it ran a batch or had requests in flight
     busy: int = 0
     context_released: bool = False
+    # Board RAM in use when a load was admitted (None: unknown, or not a load). Until the load is
+    # measured, the board's growth since then is the load's, up to its estimate, not others'.
+    ram_used_at_admit: int | None = None
 
     @property
     def bytes(self) -> int:
@@ -363,8 +366,15 @@ class MemoryScheduler:
         io = io_bytes_per_item * max_batch * (prefetch_depth + 1)
         return int(weights + workspace_bytes + io)
 
-    def admit(self, name: str, nbytes: int) -> Reservation:
+    def admit(self, name: str, nbytes: int, *, loading: bool = True) -> Reservation:
         """Reserve ``nbytes`` for ``name`` (replacing an earlier reservation of the same name).
+
+        ``loading`` says the reservation is for something being loaded now (a model), whose
+        growth until :meth:`measure` is counted as the daemon's, not as other processes'. Without
+        it a load was counted twice (its estimate, and its real growth as "others"), pushed the
+        daemon over its budget and unloaded another idle model, which was loaded again once calm
+        and unloaded the first: a reload ping-pong found on the emulated board. Pass
+        ``loading=False`` for capacity reserved ahead of use (request buffers).
 
         Raises:
             MemoryBudgetError: it does not fit the budget, or the ladder is at ``REJECT``.
@@ -387,7 +397,9 @@ class MemoryScheduler:
                 )
                 log.warning(msg)
                 raise MemoryBudgetError(msg, name=name, needed=nbytes, available=max(0, available))
-            res = Reservation(name, nbytes, admitted_at=self._clock(), last_used=self._clock())
+            last = self._last_sample
+            at = int(last.ram_used_mb * MiB) if loading and last is not None and last.ram_used_mb is not None else None
+            res = Reservation(name, nbytes, admitted_at=self._clock(), last_used=self._clock(), ram_used_at_admit=at)
             self._res[name] = res
             self.peak_used_bytes = max(self.peak_used_bytes, self.used_bytes)
             log.info("admitted '%s': %.1f MiB (headroom now %.1f MiB)", name, nbytes / MiB, self.headroom_bytes / MiB)
@@ -399,11 +411,20 @@ class MemoryScheduler:
             res = self._require(name)
             delta = int(actual_bytes) - res.estimated_bytes
             res.measured_bytes = int(actual_bytes)
+            res.ram_used_at_admit = None
             self.peak_used_bytes = max(self.peak_used_bytes, self.used_bytes)
             log.info(
                 "measured '%s': %.1f MiB (estimate %.1f MiB, %+.1f MiB)",
                 name, actual_bytes / MiB, res.estimated_bytes / MiB, delta / MiB,
             )
+
+    def loaded(self, name: str) -> None:
+        """``name``'s load is over without a measurement: its estimate stands, and the board's
+        growth from now on is others' again. Unknown names are ignored."""
+        with self._lock:
+            res = self._res.get(name)
+            if res is not None:
+                res.ram_used_at_admit = None
 
     def release(self, name: str) -> None:
         """Forget ``name``'s reservation (after unloading). Unknown names are ignored."""
@@ -582,6 +603,7 @@ class MemoryScheduler:
             self.samples_seen += 1
             if sample.ram_used_mb is not None:
                 ours = sum(r.bytes for r in self._res.values() if r.measured_bytes is not None) + self.dynamic_bytes
+                ours += self._loading_growth(int(sample.ram_used_mb * MiB))
                 self.other_bytes = max(0, int(sample.ram_used_mb * MiB) - ours)
                 if self._other_prev is None or sample.timestamp - self._other_prev[0] >= 0.25:
                     if self._other_prev is not None:
@@ -633,6 +655,19 @@ class MemoryScheduler:
         for lvl, _ in actions:
             self._take_step(lvl)
         return self.level
+
+    def _loading_growth(self, ram_used: int) -> int:
+        """Bytes of the board's growth that belong to loads in progress (caller holds the lock).
+
+        The growth since the earliest unmeasured load was admitted, at most what those loads were
+        admitted for; a neighbour growing during a load is thus counted as ours up to the
+        estimate, which ``used_bytes`` holds in full anyway, so headroom never counts it twice.
+        """
+        pending = [r for r in self._res.values() if r.measured_bytes is None and r.ram_used_at_admit is not None]
+        if not pending:
+            return 0
+        growth = max(0, ram_used - min(r.ram_used_at_admit for r in pending))  # type: ignore[type-var]
+        return min(growth, sum(r.estimated_bytes for r in pending))
 
     def _take_step(self, lvl: PressureLevel) -> None:
         kwargs: dict[str, Any] = {}
