@@ -413,7 +413,14 @@ def run_top(url: str, interval: float = 1.0, token: str | None = None, once: boo
     from rich.console import Console
     from rich.live import Live
 
-    console = console or Console()
+    if console is None:
+        if not once and sys.stdout.isatty():
+            # A full-screen view follows the terminal's size. COLUMNS and LINES in the environment
+            # (some shells and tools export them) are a size from when they were set: rich would
+            # keep it for good, cutting the table to 80 columns in a wider pane, ignoring resizes.
+            for name in ("COLUMNS", "LINES"):
+                os.environ.pop(name, None)
+        console = Console()
     view = fetch_view(url, token=token)
     if once:
         time.sleep(interval)

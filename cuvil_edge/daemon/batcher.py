@@ -96,6 +96,10 @@ class Batcher:
         self._stopping = False
         self.busy_since: float | None = None  # monotonic start of the oldest running batch
         self._running: dict[int, float] = {}
+        # Time requests waited with every slot taken (depth was the limit): the prefetch
+        # controller's sign that a deeper pipeline would help.
+        self._blocked_since: int | None = None
+        self._blocked_ns = 0
         self._threads = [threading.Thread(target=self._worker, name=f"batch-{name}-{i}", daemon=True)
                          for i in range(self.max_depth)]
         for t in self._threads:
@@ -117,7 +121,29 @@ class Batcher:
         """Allow ``depth`` batches in flight (clamped to 1..max_depth)."""
         with self._cond:
             self.depth = max(1, min(int(depth), self.max_depth))
+            self._mark_blocked()
             self._cond.notify_all()
+
+    def blocked_seconds(self) -> float:
+        """Seconds so far that requests waited while every allowed slot was running a batch.
+
+        Cumulative, like the statistics counters: the owner takes differences per tick. Time a
+        worker spends waiting for a batch to fill (``max_queue_delay_us``) does not count.
+        """
+        with self._cond:
+            ns = self._blocked_ns
+            if self._blocked_since is not None:
+                ns += time.perf_counter_ns() - self._blocked_since
+        return ns / 1e9
+
+    def _mark_blocked(self) -> None:
+        """Start or end a blocked stretch after a change of queue, slots or depth (lock held)."""
+        blocked = bool(self._queue) and self._active >= self.depth
+        if blocked and self._blocked_since is None:
+            self._blocked_since = time.perf_counter_ns()
+        elif not blocked and self._blocked_since is not None:
+            self._blocked_ns += time.perf_counter_ns() - self._blocked_since
+            self._blocked_since = None
 
     def set_cap(self, cap: int | None) -> None:
         """Cap the batch size (None: back to max_batch)."""
@@ -168,6 +194,7 @@ class Batcher:
         finally:
             with self._cond:
                 self._active -= 1
+                self._mark_blocked()
                 if self._queue:
                     self._cond.notify()
         _deliver_all(batch)
@@ -180,6 +207,7 @@ class Batcher:
                 self.loop.call_soon(p.deliver, p)
                 return
             self._queue.append(p)
+            self._mark_blocked()
             self._cond.notify()
 
     def stop(self, timeout: float = 5.0) -> None:
@@ -267,6 +295,7 @@ class Batcher:
                     continue
                 self._active += 1
                 self._running[ident] = time.monotonic()
+                self._mark_blocked()
             now_ns = time.perf_counter_ns()
             for p in batch:
                 p.queue_ns = now_ns - p.enqueued
@@ -281,6 +310,7 @@ class Batcher:
                 with cond:
                     self._active -= 1
                     self._running.pop(ident, None)
+                    self._mark_blocked()
                     cond.notify()
             try:
                 self.loop.call_soon_threadsafe(_deliver_all, batch)

@@ -10,8 +10,10 @@
   batcher, ``prefetch_cap`` to the depth, unloads the least recently used idle model at
   ``UNLOAD_LRU`` and answers 503 + ``Retry-After`` while ``should_reject``.
 * :class:`~cuvil_edge.daemon.scheduler.PrefetchController` picks the batches in flight per model
-  from GPU/EMC utilization, throttling, memory level and the p95 queue delay against the
-  model's ``latency_target_ms.p95``.
+  from the measured stage times (CPU preparing and answering a batch against the device
+  executing it: Little's law), the share of the tick requests waited for a free slot, the
+  completed rate, GPU/EMC utilization, throttling, memory level and the p95 queue delay against
+  the model's ``latency_target_ms.p95``.
 * ``sd_notify`` (``READY=1``, ``STATUS=``, ``RELOADING=1``, ``STOPPING=1``) and the progress-gated
   watchdog through :mod:`cuvil_edge.daemon.systemd` (a built-in datagram sender if it is absent).
 * One :class:`~cuvil_edge.runtime.buffers.BufferPool` for batch buffers, placed per the board's
@@ -29,6 +31,7 @@ import os
 import socket
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +57,55 @@ def _builtin_notify(*lines: str) -> bool:
     except OSError as exc:
         log.debug("sd_notify failed: %s", exc)
         return False
+
+
+@dataclass(frozen=True)
+class _StageTimes:
+    """One tick's figures for the prefetch controller (None where the tick ran no batch)."""
+
+    pre_ms: float | None
+    exec_ms: float | None
+    blocked_pct: float | None
+    completed_per_s: float | None
+
+
+@dataclass(frozen=True)
+class _StageCounters:
+    """Cumulative counters of one model, read once per tick; differences give the stage times.
+
+    A worker prepares a batch (``compute_input``: pre-processing, concatenation) and answers it
+    (``compute_output``: post-processing, encoding) on the CPU; ``compute_infer`` is the device.
+    While one batch executes the others in flight are prepared or answered, so the CPU stages
+    together are what the controller's Little's law calls preparing.
+    """
+
+    executions: int
+    cpu_ns: int
+    infer_ns: int
+    inferences: int
+    blocked_s: float
+
+    @classmethod
+    def read(cls, stats: Any, batcher: Any) -> _StageCounters:
+        with stats.lock:
+            counters = (stats.execution_count, stats.compute_input.ns + stats.compute_output.ns,
+                        stats.compute_infer.ns, stats.inference_count)
+        return cls(*counters, batcher.blocked_seconds())
+
+    def since(self, prev: _StageCounters | None, dt: float) -> _StageTimes:
+        if prev is None:
+            return _StageTimes(None, None, None, None)
+        runs = self.executions - prev.executions
+        blocked = 100.0 * min(1.0, max(0.0, self.blocked_s - prev.blocked_s) / dt)
+        completed = max(0, self.inferences - prev.inferences) / dt
+        if runs <= 0:
+            return _StageTimes(None, None, blocked, completed)
+        # A batch's inference time includes its wait for the device while others execute, so a
+        # deeper pipeline would read as a slower device. The device cannot spend more than the
+        # wall time per batch, which is its true execution time once it is saturated.
+        infer_ms = min((self.infer_ns - prev.infer_ns) / runs / 1e6, 1000.0 * dt / runs)
+        return _StageTimes((self.cpu_ns - prev.cpu_ns) / runs / 1e6, infer_ms if infer_ms > 0 else None,
+                           blocked, completed)
 
 
 def _io_bytes_per_item(manifest: Manifest) -> int:
@@ -91,6 +143,7 @@ class Resources:
         self._seen = 0
         self._last_tick = time.monotonic()
         self._last_infer_ns: dict[str, int] = {}
+        self._last_stages: dict[str, _StageCounters] = {}
         self.depths: dict[str, int] = {}
         self.unloaded_by_pressure: set[str] = set()
         self.busy_pct = 0.0
@@ -386,8 +439,14 @@ class Resources:
                     continue
                 ctl = self.prefetch[key] = PrefetchController(1, b.max_depth, initial_depth=min(2, b.max_depth))
             target = inst.spec.latency_p95_ms
+            now_counters = _StageCounters.read(inst.stats, b)
+            stages = now_counters.since(self._last_stages.get(key), dt)
+            self._last_stages[key] = now_counters
             depth = ctl.update(sample, inst.stats.queue_p95_ms(), target or None,
-                               memory_level=level, gpu_busy_pct=busy)
+                               memory_level=level, gpu_busy_pct=busy,
+                               pre_ms=stages.pre_ms, exec_ms=stages.exec_ms,
+                               depth_blocked_pct=stages.blocked_pct, completed_per_s=stages.completed_per_s,
+                               pre_workers=max(1, b.max_depth - 1))
             if self.scheduler is not None:
                 depth = min(depth, self.scheduler.prefetch_cap(b.max_depth))
             b.set_depth(depth)
@@ -398,6 +457,7 @@ class Resources:
                 self.prefetch.pop(key, None)
                 self.depths.pop(key, None)
                 self._last_infer_ns.pop(key, None)
+                self._last_stages.pop(key, None)
         self.busy_pct = min(100.0, busy_total)
         if self.monitor is not None:
             resident = sum(i.footprint_bytes for i in instances)

@@ -63,9 +63,10 @@ class TestFetchView:
         _load(d, 40)
         view = fetch_view(url, first)
         deadline = time.monotonic() + 30
+        client = d.client()
         while view.models[0].depth is None and time.monotonic() < deadline:  # the first serving tick
             time.sleep(0.2)
-            _load(d, 5)
+            _load(d, 5, client)
             view = fetch_view(url, view)
         (row,) = view.models
         assert (row.name, row.version) == ("digits", "1.0.0")
@@ -84,8 +85,8 @@ class TestFetchView:
         assert "digits:1.0.0" in text and "memory budget" in text and "board GPU" in text
 
 
-def _load(daemon: object, n: int) -> None:
-    client = daemon.client()
+def _load(daemon: object, n: int, client: object = None) -> None:
+    client = client or daemon.client()
     x = np.random.default_rng(0).random((2, 1, 8, 8), dtype=np.float32)
     import tritonclient.http as httpclient
 
@@ -171,8 +172,9 @@ class TestTopInTmux:
         stop = threading.Event()
 
         def load() -> None:  # requests while the view runs, so the rates and percentiles move
+            client = d.client()  # one connection: a client per round would reach --max-connections
             while not stop.is_set():
-                _load(d, 5)
+                _load(d, 5, client)
 
         worker = threading.Thread(target=load)
         worker.start()
@@ -181,6 +183,9 @@ class TestTopInTmux:
             assert "cuvil-edge top" in screen and "pressure NORMAL" in screen
             row = next(line for line in screen.splitlines() if "digits:1.0.0" in line)
             assert "open" in row
+            # The view takes the pane's width (170), not an inherited COLUMNS: no column is cut.
+            header = next(line for line in screen.splitlines() if "queue" in line and "admission" in line)
+            assert "…" not in header, screen
             # A refresh later the row shows a request rate and latency percentiles from the load.
             term.wait(lambda s: any("digits:1.0.0" in ln and "open" in ln and " - " not in ln.split("open")[0]
                                     for ln in s.splitlines()), 30, "rates and percentiles in the model row")
