@@ -51,17 +51,30 @@ class DlaContext:
         self.orin = sm == data["orin_sm"]
 
 
-def _dla_convolution(node: onnx.NodeProto, ctx: DlaContext) -> str:
-    lim = ctx.limits["convolution"]
+def _dla_kernel(node: onnx.NodeProto, ctx: DlaContext, lim: dict[str, Any],
+               op: str) -> str | tuple[list[int], dict[str, Any], list[int]]:
+    """What convolution and deconvolution check alike: constant 2D weights and the kernel size.
+
+    Returns the refusal, or the weights' dims, the node's attributes and its kernel.
+    """
     if len(node.input) < 2 or not ctx.graph.is_weight(node.input[1]):
         return "weights must be a build-time constant"
     dims = ctx.graph.weight_dims(node.input[1])
     if dims is None or len(dims) - 2 != lim["spatial_dims"]:
-        return "only 2D convolution runs on DLA"
+        return f"only 2D {op} runs on DLA"
     node_attrs = attrs(node)
     kernel = list(node_attrs.get("kernel_shape", dims[2:]))
     if not in_range(kernel, lim["kernel"]):
         return f"kernel {kernel} outside DLA's {lim['kernel']}"
+    return list(dims), node_attrs, kernel
+
+
+def _dla_convolution(node: onnx.NodeProto, ctx: DlaContext) -> str:
+    lim = ctx.limits["convolution"]
+    checked = _dla_kernel(node, ctx, lim, "convolution")
+    if isinstance(checked, str):
+        return checked
+    dims, node_attrs, kernel = checked
     stride = list(node_attrs.get("strides", [1, 1]))
     if not in_range(stride, lim["stride"]):
         return f"stride {stride} outside DLA's {lim['stride']}"
@@ -80,15 +93,10 @@ def _dla_convolution(node: onnx.NodeProto, ctx: DlaContext) -> str:
 
 def _dla_deconvolution(node: onnx.NodeProto, ctx: DlaContext) -> str:
     lim = ctx.limits["deconvolution"]
-    if len(node.input) < 2 or not ctx.graph.is_weight(node.input[1]):
-        return "weights must be a build-time constant"
-    dims = ctx.graph.weight_dims(node.input[1])
-    if dims is None or len(dims) - 2 != lim["spatial_dims"]:
-        return "only 2D deconvolution runs on DLA"
-    node_attrs = attrs(node)
-    kernel = list(node_attrs.get("kernel_shape", dims[2:]))
-    if not in_range(kernel, lim["kernel"]):
-        return f"kernel {kernel} outside DLA's {lim['kernel']}"
+    checked = _dla_kernel(node, ctx, lim, "deconvolution")
+    if isinstance(checked, str):
+        return checked
+    dims, node_attrs, _ = checked
     if any(node_attrs.get("pads", [0])):
         return "DLA deconvolution needs padding 0"
     if node_attrs.get("group", 1) != 1:

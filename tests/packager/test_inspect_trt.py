@@ -208,6 +208,21 @@ class TestDlaRules:
                           extra_inputs=[helper.make_tensor_value_info("w_in", TensorProto.FLOAT, [4, 8, 3, 3])])
         assert "build-time constant" in _row(dyn_w, "Conv").dla_reason
 
+    def test_deconvolution_limits(self):
+        ok = self._dla([helper.make_node("ConvTranspose", ["x", "W"], ["y"])], [_const("W", np.zeros((8, 16, 2, 2)))])
+        assert _row(ok, "ConvTranspose").dla == "yes", _row(ok, "ConvTranspose").dla_reason
+        padded = self._dla([helper.make_node("ConvTranspose", ["x", "W"], ["y"], pads=[1, 1, 1, 1])],
+                           [_const("W", np.zeros((8, 16, 3, 3)))])
+        assert "padding 0" in _row(padded, "ConvTranspose").dla_reason
+        big = self._dla([helper.make_node("ConvTranspose", ["x", "W"], ["y"])], [_const("W", np.zeros((8, 16, 33, 33)))])
+        assert "kernel [33, 33]" in _row(big, "ConvTranspose").dla_reason
+        vol = self._dla([helper.make_node("ConvTranspose", ["x", "W"], ["y"])],
+                        [_const("W", np.zeros((8, 4, 2, 2, 2)))], inp_shape=("N", 8, 4, 4, 4))
+        assert "only 2D deconvolution" in _row(vol, "ConvTranspose").dla_reason
+        dyn_w = self._dla([helper.make_node("ConvTranspose", ["x", "w_in"], ["y"])],
+                          extra_inputs=[helper.make_tensor_value_info("w_in", TensorProto.FLOAT, [8, 16, 2, 2])])
+        assert "build-time constant" in _row(dyn_w, "ConvTranspose").dla_reason
+
     @pytest.mark.parametrize(("lo", "hi", "ok"), [(0, 6, True), (0, 127, True), (0, 200, False), (-1, 1, False)])
     def test_clip_as_clipped_relu(self, lo, hi, ok):
         report = self._dla([helper.make_node("Clip", ["x", "lo", "hi"], ["y"])], [_const("lo", lo), _const("hi", hi)])
