@@ -24,8 +24,10 @@ POSIX: a reader sees the old version or the new one, never none). The swap link'
 with a dot, so it is never a valid version (:mod:`cuvil_edge.bundle.names`), and carries the pid
 and a random tail, so two switchers never unlink each other's link half-way. ``current.new`` (the
 swap link of earlier releases) stays a reserved name: a leftover one is never read as a version.
+A switcher killed between link and rename leaves its swap link; the next switch removes it once
+its process is gone and it is a minute old (:func:`remove_stale_swap_links`).
 
-This module is pure (``os``, ``posixpath``, ``secrets``): the device-side deploy step imports it
+This module is pure (``os``, ``posixpath``, ``secrets``, ``time``): the device-side deploy step imports it
 without the host's SSH stack, and nothing here imports the daemon or deploy.
 """
 
@@ -35,6 +37,7 @@ import contextlib
 import os
 import posixpath
 import secrets
+import time
 from dataclasses import dataclass
 
 from cuvil_edge.bundle.names import check_component, is_safe_component
@@ -51,6 +54,7 @@ __all__ = [
     "point_current",
     "read_current",
     "remove_current",
+    "remove_stale_swap_links",
     "version_of_link",
 ]
 
@@ -62,6 +66,8 @@ ENGINES_DIR = "engines"
 DEPLOY_DIR = "deploy"
 _SWAP_PREFIX = ".current."
 _SWAP_SUFFIX = ".tmp"
+# A swap link lives for one rename; one older than this whose process is gone was left by a crash.
+STALE_SWAP_AGE_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -221,6 +227,7 @@ def point_current(layout: StoreLayout, name: str, version: str) -> None:
     """
     if not os.path.isfile(layout.manifest_path(name, version)):
         raise FileNotFoundError(f"{layout.version_dir(name, version)}: no such version in the store")
+    remove_stale_swap_links(layout, name)
     swap = layout.swap_link(name)
     os.symlink(version, swap)
     try:
@@ -230,6 +237,49 @@ def point_current(layout: StoreLayout, name: str, version: str) -> None:
             os.unlink(swap)
         raise
     fsync_dir(layout.bundle_dir(name))
+
+
+def remove_stale_swap_links(layout: StoreLayout, name: str, min_age_s: float = STALE_SWAP_AGE_S) -> list[str]:
+    """Remove the swap links a switcher killed between link and rename left behind; their names.
+
+    A link is stale when the process its name carries is gone *and* it is older than
+    ``min_age_s``: a live switcher's link (the pid alive, or a process of another pid namespace
+    sharing the store, which the age guards) is never touched. ``current.new`` of earlier
+    releases counts once it is that old. Errors are ignored: cleaning never stops a switch.
+    """
+    removed: list[str] = []
+    folder = layout.bundle_dir(name)
+    try:
+        entries = os.listdir(folder)
+    except OSError:
+        return removed
+    now = time.time()
+    for entry in entries:
+        if not is_swap_link(entry):
+            continue
+        path = posixpath.join(folder, entry)
+        try:
+            if now - os.lstat(path).st_mtime < min_age_s or _swap_owner_alive(entry):
+                continue
+            os.unlink(path)
+            removed.append(entry)
+        except OSError:
+            continue
+    return removed
+
+
+def _swap_owner_alive(entry: str) -> bool:
+    """Whether the process named in a swap link's name still runs (unknown names: no owner)."""
+    pid_part = entry[len(_SWAP_PREFIX):].split("-", 1)[0] if entry.startswith(_SWAP_PREFIX) else ""
+    if not pid_part.isdigit():
+        return False
+    try:
+        os.kill(int(pid_part), 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # EPERM: it runs under another user
+        return True
+    return True
 
 
 def remove_current(layout: StoreLayout, name: str) -> None:

@@ -64,6 +64,37 @@ class TestLayout:
         assert read_current(lay, "digits") is None
 
 
+    def test_a_switch_removes_swap_links_a_killed_switcher_left(self, tmp_path):
+        """A switcher killed between link and rename leaves its swap link; the next switch removes
+        it once its process is gone and it is a minute old, never a live or fresh one."""
+        import subprocess
+        import sys
+        import time
+
+        lay = StoreLayout.of(tmp_path)
+        _version(tmp_path, "digits", "1.0.0")
+        folder = tmp_path / "bundles/digits"
+        gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                              text=True, check=True)
+        dead_pid = int(gone.stdout)
+        old = time.time() - 600
+
+        def link(entry: str, age: float | None = old) -> None:
+            os.symlink("1.0.0", folder / entry)
+            if age is not None:
+                os.utime(folder / entry, (age, age), follow_symlinks=False)
+
+        link(f".current.{dead_pid}-0badcafe.tmp")  # killed switcher, old: removed
+        link("current.new")  # an earlier release's, old: removed
+        link(f".current.{os.getpid()}-1badcafe.tmp")  # a live process's: kept
+        link(f".current.{dead_pid}-2badcafe.tmp", age=None)  # fresh: kept (another pid namespace?)
+        point_current(lay, "digits", "1.0.0")
+        left = sorted(p.name for p in folder.iterdir())
+        assert left == sorted(["1.0.0", "current", f".current.{os.getpid()}-1badcafe.tmp",
+                               f".current.{dead_pid}-2badcafe.tmp"]), left
+        assert read_current(lay, "digits") == "1.0.0"
+
+
 class TestServedManifest:
     def test_a_minimal_directory_bundle_still_serves(self, tmp_path):
         """What the daemon always accepted (name, version, inputs, outputs) loads typed, with the
