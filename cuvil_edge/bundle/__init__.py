@@ -12,15 +12,17 @@ from cuvil_edge.bundle.container import (
     verify_directory,
     write_bundle,
 )
-from cuvil_edge.bundle.manifest import FORMAT, FileEntry, Manifest
+from cuvil_edge.bundle.manifest import FORMAT, BundleTarget, FileEntry, Manifest, TargetRelease
 from cuvil_edge.bundle.signing import generate_keypair, load_public_key, load_secret_key
 
 __all__ = [
     "FORMAT",
     "MANIFEST_NAME",
     "SIGNATURE_NAME",
+    "BundleTarget",
     "FileEntry",
     "Manifest",
+    "TargetRelease",
     "extract_bundle",
     "generate_keypair",
     "load_public_key",

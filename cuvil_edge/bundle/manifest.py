@@ -11,7 +11,7 @@ from typing import Any
 from cuvil_edge.bundle.names import check_component
 from cuvil_edge.errors import BundleError
 
-__all__ = ["DEFAULT_ATOL", "DEFAULT_RTOL", "FORMAT", "FileEntry", "Manifest"]
+__all__ = ["DEFAULT_ATOL", "DEFAULT_RTOL", "FORMAT", "BundleTarget", "FileEntry", "Manifest", "TargetRelease"]
 
 FORMAT = "cuvil-bundle/1"
 DEFAULT_MODEL = "model.onnx"
@@ -20,6 +20,52 @@ DEFAULT_RTOL = 1e-3
 DEFAULT_ATOL = 1e-2
 _PRECISIONS = {"fp32", "fp16", "int8", "mixed"}
 _FORMAT_KINDS = {"tensorrt", "ort-cpu"}
+
+
+@dataclass(frozen=True)
+class TargetRelease:
+    """One JetPack release the bundle's board profile lists: its L4T and TensorRT versions."""
+
+    l4t: str
+    tensorrt: str
+
+
+@dataclass(frozen=True)
+class BundleTarget:
+    """The board a bundle was made for, as the manifest's ``target`` object states it.
+
+    Deploy's compatibility check reads these (architecture, GPU SM, the JetPack releases the
+    profile lists); the packager writes the whole profile (``Target.to_dict``), whose other
+    fields stay in ``Manifest.target`` for tools that want them.
+    """
+
+    name: str = ""
+    arch: str = ""
+    gpu_sm: str = ""
+    releases: tuple[TargetRelease, ...] = ()
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], where: str = "manifest.json") -> BundleTarget:
+        """Parse the ``target`` object; a field of the wrong type is an error naming it."""
+
+        def text(key: str) -> str:
+            value = data.get(key)
+            if value is None:
+                return ""
+            if not isinstance(value, (str, int, float)) or isinstance(value, bool):
+                raise BundleError(f"{where}: field 'target.{key}' must be a string, got {type(value).__name__}")
+            return str(value)
+
+        raw = data.get("releases") or []
+        if not isinstance(raw, list):
+            raise BundleError(f"{where}: field 'target.releases' must be a list, got {type(raw).__name__}")
+        releases = []
+        for i, r in enumerate(raw):
+            if not isinstance(r, dict) or not isinstance(r.get("l4t"), str) or not isinstance(r.get("tensorrt"), str):
+                raise BundleError(f"{where}: field 'target.releases[{i}]' must be an object with string "
+                                  "'l4t' and 'tensorrt'")
+            releases.append(TargetRelease(r["l4t"], r["tensorrt"]))
+        return cls(name=text("name"), arch=text("arch"), gpu_sm=text("gpu_sm"), releases=tuple(releases))
 
 
 @dataclass(frozen=True)
@@ -182,6 +228,15 @@ class Manifest:
     def target_name(self) -> str:
         """The id of the board profile the bundle was made for (``target.name``), "" when unset."""
         return str(self.target.get("name") or "")
+
+    @property
+    def board(self) -> BundleTarget:
+        """The ``target`` object, typed (architecture, GPU SM, JetPack releases).
+
+        Raises:
+            BundleError: a field of ``target`` has the wrong type (the error names it).
+        """
+        return BundleTarget.from_dict(self.target)
 
     def sample_member(self, kind: str) -> str:
         """Path inside the bundle of the validation sample ``kind`` (``sample_inputs`` or

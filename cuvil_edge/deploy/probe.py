@@ -88,9 +88,9 @@ def check_compatible(manifest: Manifest, facts: DeviceFacts, label: str = "devic
     Returns:
         list[str]: notes (allowed differences).
     """
-    target = manifest.target
+    target = manifest.board
     name = f"bundle {manifest.name} {manifest.version}"
-    want_arch = target.get("arch")
+    want_arch = target.arch
     notes: list[str] = []
     if want_arch and want_arch != facts.arch:
         raise IncompatibleDevice(
@@ -101,7 +101,7 @@ def check_compatible(manifest: Manifest, facts: DeviceFacts, label: str = "devic
         if manifest.target_name and facts.profile and manifest.target_name != facts.profile:
             notes.append(f"bundle target {manifest.target_name}, device profile {facts.profile}")
         return notes
-    want_sm = str(target.get("gpu_sm") or "")
+    want_sm = target.gpu_sm
     dev_sm = ""
     if facts.profile:
         try:
@@ -120,7 +120,7 @@ def check_compatible(manifest: Manifest, facts: DeviceFacts, label: str = "devic
         )
     if manifest.target_name and manifest.target_name != facts.profile:
         notes.append(f"bundle target {manifest.target_name}, device {facts.profile} (same SM {dev_sm})")
-    releases = target.get("releases") or []
+    releases = target.releases
     if not facts.l4t or not facts.tensorrt:
         raise IncompatibleDevice(
             f"{label}: {name} needs TensorRT but the device shows "
@@ -129,12 +129,12 @@ def check_compatible(manifest: Manifest, facts: DeviceFacts, label: str = "devic
         )
     dev_trt = _ver3(facts.tensorrt)
     ok_release = any(
-        _ver3(str(r.get("tensorrt"))) == dev_trt and str(r.get("l4t", "")).split(".")[0] == facts.l4t.split(".")[0]
+        _ver3(r.tensorrt) == dev_trt and r.l4t.split(".")[0] == facts.l4t.split(".")[0]
         for r in releases
     )
     plans = [_ver3(str(p.get("tensorrt"))) for p in manifest.build_plans]
     if not ok_release and dev_trt not in plans:
-        supported = ", ".join(f"L4T {r.get('l4t')}/TensorRT {r.get('tensorrt')}" for r in releases) or "none"
+        supported = ", ".join(f"L4T {r.l4t}/TensorRT {r.tensorrt}" for r in releases) or "none"
         raise IncompatibleDevice(
             f"{label}: {name} supports {supported}; the device has L4T {facts.l4t} with TensorRT "
             f"{facts.tensorrt}; package for the device's JetPack release or upgrade the device"

@@ -93,6 +93,25 @@ class TestCompatible:
             check_compatible(_manifest("orin-nano-8gb", "tensorrt"), no_trt)
 
 
+    def test_a_malformed_target_is_one_error_naming_the_field(self):
+        from cuvil_edge.errors import BundleError
+
+        bad = _manifest("orin-nano-8gb", "tensorrt", [{"l4t": "36.4.3"}])
+        with pytest.raises(BundleError, match=r"target\.releases\[0\]"):
+            check_compatible(bad, self.orin)
+        bad.target["releases"] = "36.4.3"
+        with pytest.raises(BundleError, match=r"'target\.releases' must be a list"):
+            check_compatible(bad, self.orin)
+        bad.target.update(releases=[], gpu_sm=["8.7"])
+        with pytest.raises(BundleError, match=r"'target\.gpu_sm' must be a string"):
+            check_compatible(bad, self.orin)
+
+    def test_the_typed_target(self):
+        board = _manifest("orin-nano-8gb", "tensorrt").board
+        assert (board.name, board.arch, board.gpu_sm) == ("orin-nano-8gb", "aarch64", "8.7")
+        assert ("36.4.3", "10.3.0") in [(r.l4t, r.tensorrt) for r in board.releases]
+
+
 def test_exported_members():
     import cuvil_edge.deploy as deploy
 
