@@ -299,6 +299,10 @@ def check_infer_fp32(ctx: SuiteContext) -> dict[str, Any]:
     _expect(bool(lines), "the daemon never logged its pre-processing kernels (numpy fallback?)")
     daemon_isa = dict(kv.split("=", 1) for kv in lines[-1].split("pre-processing kernels:", 1)[1].split())
     ctx.info["daemon_kernels_isa"] = daemon_isa
+    # The unit refuses sched_setaffinity (SystemCallFilter=~@resources): ONNX Runtime must not try
+    # to pin its threads (one error line per thread and session otherwise).
+    pinned = [ln for ln in journal.splitlines() if "pthread_setaffinity_np" in ln]
+    _expect(not pinned, f"ONNX Runtime tried to pin threads under the unit: {pinned[0][:240] if pinned else ''}")
     want = _expected_isa(ctx)
     _expect(daemon_isa.get("resize_normalize") == want,
             f"the daemon's resize_normalize ran {daemon_isa.get('resize_normalize')}, expected {want}")

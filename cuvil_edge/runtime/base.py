@@ -142,7 +142,8 @@ class BackendOptions:
         device (str): ``"auto"`` (GPU/TensorRT when present, CPU otherwise), ``"cpu"`` or ``"gpu"``.
             Defaults to ``"auto"``.
         intra_op_threads (int): threads one inference may use (ONNX Runtime); 0 means the
-            runtime's default. Defaults to 0.
+            physical cores the process may run on (:func:`cuvil_edge.runtime.cpus.usable_cores`,
+            ONNX Runtime's own count, without its thread pinning). Defaults to 0.
         shared_arena (bool): let models share one scratch arena (ONNX Runtime environment
             allocator; TensorRT user-managed context memory). Defaults to True.
         max_batch (int | None): the largest batch the server will send; sizes TensorRT

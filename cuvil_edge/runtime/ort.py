@@ -19,6 +19,7 @@ import numpy as np
 from cuvil_edge.errors import DaemonError, ModelError
 from cuvil_edge.runtime._manifest import ManifestLike, as_manifest
 from cuvil_edge.runtime.base import Backend, BackendOptions, Footprint, TensorSpec, dtype_of
+from cuvil_edge.runtime.cpus import usable_cores
 
 __all__ = ["OrtBackend", "rss_bytes"]
 
@@ -148,8 +149,9 @@ class OrtBackend(Backend):
 
         so = ort.SessionOptions()
         so.log_severity_level = 3
-        if self.options.intra_op_threads:
-            so.intra_op_num_threads = int(self.options.intra_op_threads)
+        # Always explicit: left at 0, ONNX Runtime pins its threads, which the daemon's systemd
+        # unit refuses (one error line per thread; see cuvil_edge.runtime.cpus).
+        so.intra_op_num_threads = int(self.options.intra_op_threads) or usable_cores()
         so.inter_op_num_threads = 1
         if not self.options.extra.get("spin", True):
             # ONNX Runtime's default is to spin: EfficientNet-Lite0 ran at p50 4.2 ms spinning and
