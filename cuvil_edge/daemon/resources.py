@@ -33,11 +33,15 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cuvil_edge.bundle.manifest import Manifest
 from cuvil_edge.errors import CuvilEdgeError, DaemonError
 from cuvil_edge.runtime.buffers import BufferPool, Placement
+
+if TYPE_CHECKING:
+    from cuvil_edge.daemon.batcher import Batcher
+    from cuvil_edge.daemon.metrics import ModelStats
 
 __all__ = ["Resources"]
 
@@ -63,6 +67,7 @@ def _builtin_notify(*lines: str) -> bool:
 class _StageTimes:
     """One tick's figures for the prefetch controller (None where the tick ran no batch)."""
 
+    busy_pct: float
     pre_ms: float | None
     exec_ms: float | None
     blocked_pct: float | None
@@ -86,25 +91,27 @@ class _StageCounters:
     blocked_s: float
 
     @classmethod
-    def read(cls, stats: Any, batcher: Any) -> _StageCounters:
+    def read(cls, stats: ModelStats, batcher: Batcher | None) -> _StageCounters:
         with stats.lock:
             counters = (stats.execution_count, stats.compute_input.ns + stats.compute_output.ns,
                         stats.compute_infer.ns, stats.inference_count)
-        return cls(*counters, batcher.blocked_seconds())
+        return cls(*counters, batcher.blocked_seconds() if batcher is not None else 0.0)
 
     def since(self, prev: _StageCounters | None, dt: float) -> _StageTimes:
         if prev is None:
-            return _StageTimes(None, None, None, None)
+            return _StageTimes(0.0, None, None, None, None)
+        # Share of the tick the model computed (batches in flight add up, hence the cap).
+        busy = min(100.0, 100.0 * (self.infer_ns - prev.infer_ns) / 1e9 / dt)
         runs = self.executions - prev.executions
         blocked = 100.0 * min(1.0, max(0.0, self.blocked_s - prev.blocked_s) / dt)
         completed = max(0, self.inferences - prev.inferences) / dt
         if runs <= 0:
-            return _StageTimes(None, None, blocked, completed)
+            return _StageTimes(busy, None, None, blocked, completed)
         # A batch's inference time includes its wait for the device while others execute, so a
         # deeper pipeline would read as a slower device. The device cannot spend more than the
         # wall time per batch, which is its true execution time once it is saturated.
         infer_ms = min((self.infer_ns - prev.infer_ns) / runs / 1e6, 1000.0 * dt / runs)
-        return _StageTimes((self.cpu_ns - prev.cpu_ns) / runs / 1e6, infer_ms if infer_ms > 0 else None,
+        return _StageTimes(busy, (self.cpu_ns - prev.cpu_ns) / runs / 1e6, infer_ms if infer_ms > 0 else None,
                            blocked, completed)
 
 
@@ -142,7 +149,6 @@ class Resources:
         self._notify: Callable[..., Any] = _builtin_notify
         self._seen = 0
         self._last_tick = time.monotonic()
-        self._last_infer_ns: dict[str, int] = {}
         self._last_stages: dict[str, _StageCounters] = {}
         self.depths: dict[str, int] = {}
         self.unloaded_by_pressure: set[str] = set()
@@ -421,12 +427,11 @@ class Resources:
         busy_total = 0.0
         for inst in instances:
             key = self.key(inst.name, inst.version)
-            infer_ns = inst.stats.compute_infer.ns
-            prev = self._last_infer_ns.get(key, infer_ns)
-            self._last_infer_ns[key] = infer_ns
-            busy = min(100.0, 100.0 * (infer_ns - prev) / 1e9 / dt)
-            busy_total += busy
             b = inst.batcher
+            counters = _StageCounters.read(inst.stats, b)
+            stages = counters.since(self._last_stages.get(key), dt)
+            self._last_stages[key] = counters
+            busy_total += stages.busy_pct
             if b is None:
                 continue
             if self.scheduler is not None:
@@ -439,11 +444,8 @@ class Resources:
                     continue
                 ctl = self.prefetch[key] = PrefetchController(1, b.max_depth, initial_depth=min(2, b.max_depth))
             target = inst.spec.latency_p95_ms
-            now_counters = _StageCounters.read(inst.stats, b)
-            stages = now_counters.since(self._last_stages.get(key), dt)
-            self._last_stages[key] = now_counters
             depth = ctl.update(sample, inst.stats.queue_p95_ms(), target or None,
-                               memory_level=level, gpu_busy_pct=busy,
+                               memory_level=level, gpu_busy_pct=stages.busy_pct,
                                pre_ms=stages.pre_ms, exec_ms=stages.exec_ms,
                                depth_blocked_pct=stages.blocked_pct, completed_per_s=stages.completed_per_s,
                                pre_workers=max(1, b.max_depth - 1))
@@ -456,8 +458,9 @@ class Resources:
             if key not in live:
                 self.prefetch.pop(key, None)
                 self.depths.pop(key, None)
-                self._last_infer_ns.pop(key, None)
-                self._last_stages.pop(key, None)
+        for key in list(self._last_stages):
+            if key not in live:
+                del self._last_stages[key]
         self.busy_pct = min(100.0, busy_total)
         if self.monitor is not None:
             resident = sum(i.footprint_bytes for i in instances)
