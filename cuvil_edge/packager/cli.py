@@ -19,8 +19,12 @@ import typer
 from rich.table import Table
 
 from cuvil_edge._console import console, id_column, print_table
+from cuvil_edge.recipes import QUANTIZERS
 
 __all__ = ["engine_app", "inspect_cmd", "register"]
+
+# Help read from the vocabulary's table, so a new quantizer shows up without an edit here.
+_QUANTIZER_HELP = "; ".join(f"{name}: {what}" for name, what in QUANTIZERS.items()) + ". Defaults to cuvil."
 
 
 def _recipe(
@@ -102,8 +106,7 @@ def package_cmd(
     name: str = typer.Option(None, "--name", help="Bundle name. Defaults to the recipe's or the model's."),
     version: str = typer.Option(None, "--version", help="Bundle version. Defaults to the recipe's or 1.0.0."),
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
-    quantizer: str = typer.Option("cuvil", "--quantizer",
-                                  help="cuvil (default) or modelopt (NVIDIA Model Optimizer; extra cuvil-edge[modelopt])."),
+    quantizer: str = typer.Option("cuvil", "--quantizer", help=_QUANTIZER_HELP),
 ) -> None:
     """Quantize a model for a board, check its accuracy against FP32, and write a signed bundle."""
     from cuvil_edge.packager.package import package
@@ -136,7 +139,7 @@ def quantize_cmd(
     precision: str = typer.Option("int8", "--precision", help="fp16, int8 or mixed."),
     calib: str = typer.Option(None, "--calib", help="Calibration data."),
     recipe: Path = typer.Option(None, "--recipe", help="Recipe for pre-processing and the accuracy goal."),
-    quantizer: str = typer.Option("cuvil", "--quantizer", help="cuvil (default) or modelopt."),
+    quantizer: str = typer.Option("cuvil", "--quantizer", help=_QUANTIZER_HELP),
 ) -> None:
     """Quantize only: write the model in the target runtime's format, without validation or bundle."""
     from cuvil_edge._atomic import atomic_write_bytes
