@@ -121,8 +121,9 @@ EXPORTS: dict[str, list[str]] = {
     ],
     "cuvil_edge.telemetry": [
         "AUTO_CHAIN", "BOARD_FIGURES", "JtopSource", "NON_DIE_SENSORS", "ReplaySource", "Sample", "Scenario",
-        "SimulatedBoard", "SourceExhausted", "SysfsSource", "TegrastatsSource", "TelemetryMonitor",
-        "TelemetrySource", "expand_spec", "load_log", "open_source", "parse_tegrastats_line", "sample_from_jtop"
+        "SOURCE_KINDS", "SimulatedBoard", "SourceExhausted", "SourceKind", "SysfsSource", "TegrastatsSource",
+        "TelemetryMonitor", "TelemetrySource", "check_spec", "expand_spec", "load_log", "open_source",
+        "parse_tegrastats_line", "sample_from_jtop", "source_usage"
     ],
     "cuvil_edge.trt_plugins._python": ["register"],
 }
