@@ -14,12 +14,11 @@ from cuvil_edge._toml import TOMLDecodeError, load_toml
 from cuvil_edge.errors import RecipeError
 from cuvil_edge.targets import get_target
 
-__all__ = ["CALIBRATION_METHODS", "PRECISIONS", "QUANTIZERS", "AccuracyGoal", "Recipe", "choices", "load_recipe",
+__all__ = ["CALIBRATION_METHODS", "PRECISIONS", "QUANTIZERS", "TASK_KINDS", "AccuracyGoal", "Recipe", "choices", "load_recipe",
            "recipe_from_dict"]
 
 PRECISIONS = ("fp32", "fp16", "int8", "mixed")
 _PRE_KINDS = ("image", "none")
-_POST_KINDS = ("classification", "detection", "segmentation", "none")
 
 # One table per vocabulary (uvicorn's LOOP_SETUPS): a name and what it means. The recipe parser, the
 # CLI's help and choices, the docs check (tests/core/test_vocabularies.py) and the packager's dispatch
@@ -31,6 +30,28 @@ CALIBRATION_METHODS: dict[str, str] = {
     "mse": "the clipping threshold of least expected squared quantization error",
     "minmax": "the observed minimum and maximum",
     "entropy": "TensorRT's KL-divergence threshold on 128 bins",
+}
+# What the model does decides what the accuracy gate measures (``packager/tasks`` TASKS: metric,
+# default goals, inference from output shapes). ``[postprocess] kind`` names one, or is left out
+# ("none") and the packager infers it from the outputs and says so.
+TASK_KINDS: dict[str, str] = {
+    "classification": "top-1 agreement on confident samples, top-5 containment and KL divergence of the "
+                      "class scores",
+    "detection": "boxes decoded by the bundle's post-processing (YOLO heads, CenterNet heatmaps, NMS inside), "
+                 "matched by class and IoU: recall and precision against FP32, mean IoU, score drift; mAP@0.5 "
+                 "against labels",
+    "segmentation": "IoU of the decoded mask (probability map thresholded)",
+    "ctc": "greedy CTC decoding of a sequence recogniser: sequence agreement and character error rate "
+           "against FP32",
+    "stream": "the model run as a stream, each carrying its own state: decision agreement and drift over time",
+    "embedding": "cosine similarity and relative error of every output",
+    "regression": "cosine similarity and relative error of every output",
+}
+DETECTION_HEADS: dict[str, str] = {
+    "yolo": "one [N, 4+C, A] or [N, A, 4+C] tensor (anchor-free, YOLOv8 and later), or [N, A, 5+C] with an "
+            "objectness column (anchor-based, YOLOv5/v7)",
+    "centernet": "heatmap [N, 1, h, w], scale [N, 2, h, w], offset [N, 2, h, w] (+ keypoints), CenterFace-style",
+    "nms": "NMS inside the model: [N, K, 6] rows of x1, y1, x2, y2, score, class",
 }
 QUANTIZERS: dict[str, str] = {
     "cuvil": "cuvil-edge's calibration ranges through ONNX Runtime's quantizer (every board)",
@@ -46,19 +67,36 @@ def choices(table: dict[str, str]) -> str:
 
 @dataclass(frozen=True)
 class AccuracyGoal:
-    """Thresholds the quantized model must meet against the FP32 original (None: not checked)."""
+    """Thresholds the quantized model must meet against the FP32 original (None: not set).
+
+    Fields left unset take the task's default goal (``packager/tasks`` TASKS) when the task is
+    known: :meth:`resolved`. A goal whose metric the task cannot compute is an error, not a pass.
+    """
 
     min_top1_agreement: float | None = None
-    min_confident_top1_agreement: float | None = 0.99
-    min_top5_containment: float | None = 0.995
+    min_confident_top1_agreement: float | None = None
+    min_top5_containment: float | None = None
     max_mean_kl: float | None = None
     min_cosine: float | None = None
     max_mae: float | None = None
     min_mask_iou: float | None = None
     min_label_accuracy: float | None = None
+    min_recall: float | None = None
+    min_precision: float | None = None
+    min_mean_iou: float | None = None
+    max_score_drift: float | None = None
+    min_map50: float | None = None
+    min_sequence_agreement: float | None = None
+    max_char_error_rate: float | None = None
+    min_decision_agreement: float | None = None
+    max_relative_error: float | None = None
 
     def to_dict(self) -> dict[str, float]:
         return {k: v for k, v in self.__dict__.items() if v is not None}
+
+    def resolved(self, defaults: dict[str, float]) -> AccuracyGoal:
+        """The task's ``defaults`` with this goal's own fields over them."""
+        return AccuracyGoal(**{**defaults, **self.to_dict()})
 
 
 @dataclass
@@ -176,31 +214,55 @@ def _check_preprocess(pre: dict[str, Any], where: str) -> dict[str, Any]:
 def _check_postprocess(post: dict[str, Any], where: str) -> dict[str, Any]:
     w = f"{where} [postprocess]"
     kind = _get(post, "kind", str, w, "none")
-    if kind not in _POST_KINDS:
-        raise RecipeError(f"{w}: kind must be one of {_POST_KINDS}, got '{kind}'")
+    if kind != "none" and kind not in TASK_KINDS:
+        raise RecipeError(f"{w}: kind must be {choices(TASK_KINDS)} (or left out to infer it), got '{kind}'")
     if kind == "classification":
         top_k = _get(post, "top_k", int, w, 5)
         if top_k < 1:
             raise RecipeError(f"{w}: field 'top_k' must be at least 1")
         return {"kind": kind, "softmax": bool(_get(post, "softmax", bool, w, True)), "top_k": top_k}
     if kind == "detection":
-        fmt = _get(post, "box_format", str, w, "cxcywh")
+        head = _get(post, "head", str, w, "yolo")
+        if head not in DETECTION_HEADS:
+            raise RecipeError(f"{w}: field 'head' must be {choices(DETECTION_HEADS)}, got '{head}'")
+        fmt = _get(post, "box_format", str, w, "cxcywh" if head == "yolo" else "xyxy")
         if fmt not in ("cxcywh", "xyxy"):
             raise RecipeError(f"{w}: field 'box_format' must be cxcywh or xyxy")
         out = {
             "kind": kind,
+            "head": head,
             "box_format": fmt,
             "score_threshold": _get(post, "score_threshold", float, w, 0.25),
             "iou_threshold": _get(post, "iou_threshold", float, w, 0.45),
             "class_agnostic": bool(_get(post, "class_agnostic", bool, w, False)),
             "max_detections": _get(post, "max_detections", int, w, 100),
         }
+        if "objectness" in post:
+            out["objectness"] = bool(_get(post, "objectness", bool, w))
+        if "stride" in post:
+            out["stride"] = _get(post, "stride", int, w)
         for key in ("score_threshold", "iou_threshold"):
             if not 0.0 <= out[key] <= 1.0:
                 raise RecipeError(f"{w}: field '{key}' must be within 0..1")
         return out
     if kind == "segmentation":
         return {"kind": kind, "threshold": _get(post, "threshold", float, w, 0.5)}
+    if kind == "ctc":
+        return {"kind": kind, "blank": _get(post, "blank", int, w, 0)}
+    if kind == "stream":
+        state = _get(post, "state", dict, w, None)
+        if not state or not all(isinstance(k, str) and isinstance(v, str) for k, v in state.items()):
+            raise RecipeError(f"{w}: field 'state' must map each state input to the output that feeds it, "
+                              'e.g. state = { state = "stateN" }')
+        out = {"kind": kind, "state": dict(state), "threshold": _get(post, "threshold", float, w, 0.5),
+               "stream_length": _get(post, "stream_length", int, w, 0)}
+        if "decision" in post:
+            out["decision"] = _get(post, "decision", str, w)
+        if out["stream_length"] < 0:
+            raise RecipeError(f"{w}: field 'stream_length' must be 0 (one stream) or more")
+        return out
+    if kind in ("embedding", "regression"):
+        return {"kind": kind}
     return {"kind": "none"}
 
 

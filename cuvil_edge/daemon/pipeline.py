@@ -171,7 +171,8 @@ class Pipeline:
             k = int(self.post.get("top_k", 5))
             self.post_specs = [TensorSpec(TOPK_SCORES, np.dtype(np.float32), (-1, k)),
                                TensorSpec(TOPK_CLASSES, np.dtype(np.int64), (-1, k))]
-        elif kind == "detection" and outputs:
+        elif kind == "detection" and outputs and self.post.get("head", "yolo") == "yolo":
+            # Other heads (CenterNet maps, NMS inside) are served raw; the packager validates them.
             m = int(self.post.get("max_detections", 100))
             self.post_specs = [TensorSpec(DETECTIONS, np.dtype(np.float32), (-1, m, 6)),
                                TensorSpec(NUM_DETECTIONS, np.dtype(np.int32), (-1,))]

@@ -25,7 +25,8 @@ from cuvil_edge.errors import DataError, KernelError, ModelError, QuantizationEr
 from cuvil_edge.packager.data import Dataset, InputSpec, load_dataset
 from cuvil_edge.packager.load import load_model, model_inputs, model_outputs
 from cuvil_edge.packager.quantize import Quantizer, convert_fp16, target_arithmetic
-from cuvil_edge.packager.validate import ValidationReport, make_session, run_model, validate_models
+from cuvil_edge.packager.tasks import TaskSpec
+from cuvil_edge.packager.validate import ValidationReport, make_session, run_model, task_for, validate_models
 from cuvil_edge.recipes import QUANTIZERS, AccuracyGoal, Recipe, choices
 from cuvil_edge.targets import Target, get_target
 
@@ -94,7 +95,7 @@ def quantize_model(
     target: Target,
     precision: str,
     calibration: Dataset | None,
-    kind: str,
+    kind: str | dict[str, Any] | TaskSpec | None,
     goal: AccuracyGoal,
     method: str = "percentile",
     sensitivity: Dataset | None = None,
@@ -131,7 +132,7 @@ class QuantizerStep:
     target: Target
     precision: str  # int8 or mixed
     calibration: Dataset
-    kind: str
+    kind: str | dict[str, Any] | TaskSpec | None  # the task (packager/tasks); None or "none": inferred
     goal: AccuracyGoal
     method: str
     sensitivity: Dataset | None
@@ -302,7 +303,6 @@ def package(
     timings["inspect"] = time.perf_counter() - t
 
     t = time.perf_counter()
-    kind = recipe.postprocess.get("kind", "none")
     needs_calib = recipe.precision in ("int8", "mixed")
     calib = None
     if needs_calib or recipe.calibration_data:
@@ -326,10 +326,16 @@ def package(
                                        recipe.sensitivity_samples, seed=7)
         else:
             sensitivity = calib.slice(0, recipe.sensitivity_samples)
+    # The task decides what the gate measures: declared in [postprocess], or inferred from the
+    # original's outputs on the evaluation data (the report says which and why).
+    task = task_for(make_session(model), evaluation, recipe.postprocess)
+    if task.inferred:
+        say(f"task: {task.reason}")
+    goal = task.goal(recipe.accuracy)
     timings["data"] = time.perf_counter() - t
 
     t = time.perf_counter()
-    quantized, qinfo = quantize_model(model, target, recipe.precision, calib, kind, recipe.accuracy,
+    quantized, qinfo = quantize_model(model, target, recipe.precision, calib, task, goal,
                                       recipe.calibration_method, sensitivity, say, bar, recipe.bias_correction,
                                       quantizer=quantizer)
     timings["quantize"] = time.perf_counter() - t
@@ -339,10 +345,10 @@ def package(
     t = time.perf_counter()
     say(f"validating on {len(evaluation)} samples calibration did not see")
     qbytes = quantized.SerializeToString()
-    goal = recipe.accuracy if recipe.precision != "fp32" else AccuracyGoal(None, None, None)
     # Accuracy is the target's arithmetic: Q/DQ emulated exactly, FP16 groups rounded to FP16.
     emulated = target_arithmetic(quantized, qinfo.get("fp16_nodes")) if recipe.precision in ("int8", "mixed") else quantized
-    validation: ValidationReport = validate_models(make_session(model), make_session(emulated), evaluation, kind, goal)
+    validation: ValidationReport = validate_models(make_session(model), make_session(emulated), evaluation, task,
+                                                   goal if recipe.precision != "fp32" else None)
     timings["validate"] = time.perf_counter() - t
     if enforce_goal:
         validation.raise_if_failed(f"{recipe.name} ({recipe.precision}, {target.runtime_format} format)")

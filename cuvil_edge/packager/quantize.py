@@ -37,7 +37,9 @@ from cuvil_edge.packager.data import Dataset
 from cuvil_edge.packager.emulate import emulate_fp16
 from cuvil_edge.packager.load import upgrade_opset
 from cuvil_edge.packager.partial_quant import float_nodes_except, with_float_nodes
-from cuvil_edge.packager.validate import compare_outputs, goal_failures, make_session, run_model
+from cuvil_edge.packager.tasks import TaskSpec, measure, search_error
+from cuvil_edge.packager.tasks import goal_failures as task_goal_failures
+from cuvil_edge.packager.validate import make_session, model_outputs_for, task_for
 from cuvil_edge.recipes import AccuracyGoal
 
 __all__ = ["Int8Form", "MixedResult", "Quantizer", "convert_fp16", "int8_form", "layer_groups", "symmetric_zero_points",
@@ -237,6 +239,10 @@ class Quantizer:
         from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType
 
         extra: dict[str, Any] = {"ActivationSymmetric": self.form.symmetric_activations, "WeightSymmetric": True}
+        # ORT widens a weight's scale when an int32 bias would not fit (only for scales far below any a
+        # calibrated model has); pointless when biases stay float (TensorRT), and it fails on a bias of
+        # rank > 1 (Magika's MatMul + Add [1, C]: "truth value of an array ... is ambiguous").
+        extra["QDQDisableWeightAdjustForInt32Bias"] = True
         if self.runtime_format == "tensorrt":
             extra["QuantizeBias"] = False
             act = QuantType.QInt8
@@ -272,7 +278,7 @@ class Quantizer:
             raise QuantizationError("quantizer produced a non-zero zero-point; TensorRT needs symmetric Q/DQ")
         return model
 
-    def mixed(self, data: Dataset, kind: str, goal: AccuracyGoal, reference: dict[str, Any] | None = None,
+    def mixed(self, data: Dataset, kind: str | dict[str, Any] | TaskSpec | None, goal: AccuracyGoal, reference: dict[str, Any] | None = None,
               max_kept_fraction: float = 0.5, kl_budget: float | None = None) -> MixedResult:
         """INT8 with the fewest most-sensitive groups kept out of INT8 so ``goal`` holds on ``data``.
 
@@ -286,19 +292,21 @@ class Quantizer:
                 on ``data``. Defaults to the goal's ``max_mean_kl``, else SEARCH_KL_BUDGET.
         """
         budget = kl_budget if kl_budget is not None else (goal.max_mean_kl or SEARCH_KL_BUDGET)
-        ref = reference if reference is not None else run_model(make_session(self.model), data)
-        out_name = next(iter(ref))
+        # The search measures the model's job (``packager/tasks``), on every output, as validation does.
+        spec = task_for(make_session(self.model), data, kind)
+        goal = spec.goal(goal)
+        ref = reference if reference is not None else model_outputs_for(make_session(self.model), data, spec)
         fp16_tier = self.runtime_format == "tensorrt"
 
         def score(model: onnx.ModelProto, fp16_nodes: list[str] | None = None, on: Dataset | None = None,
                   expected: dict[str, Any] | None = None) -> tuple[float, list[str], dict[str, Any]]:
             on = on if on is not None else data
             expected = expected if expected is not None else ref
-            got = run_model(make_session(target_arithmetic(model, fp16_nodes or [])), on)[out_name]
-            m = compare_outputs(expected[out_name], got, kind, on.labels)
-            err = m["mean_kl"] if "mean_kl" in m else 1.0 - m["cosine"]
-            misses = goal_failures(m, goal)
-            if err > budget:
+            got = model_outputs_for(make_session(target_arithmetic(model, fp16_nodes or [])), on, spec)
+            m, _ = measure(expected, got, spec, on.labels)
+            err = search_error(m)
+            misses = task_goal_failures(m, goal, spec.kind)
+            if spec.kind == "classification" and err > budget:
                 misses.append(f"search error {err:.4f} > budget {budget:.4f}")
             return err, misses, m
 

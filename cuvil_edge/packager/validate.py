@@ -1,10 +1,12 @@
 """Compare a quantized model with its FP32 original on data calibration did not see.
 
-Classifiers: top-1 agreement overall and on confident samples (original's top-1 probability at
-least 0.5: random crops often leave the original undecided, so overall agreement understates
-quality), top-5 containment, mean KL divergence, cosine similarity, max absolute error, and
-accuracy against labels when the data has them. Dense maps: mean absolute error and IoU of
-thresholded masks. Other outputs: cosine, mean and max absolute error.
+What is measured follows the model's job (``packager/tasks``): class agreement for classifiers,
+recall and precision of decoded boxes for detectors, IoU of decoded masks, CTC text agreement,
+decisions of a model run as a stream with its own state, cosine and relative error for embeddings.
+Every output gets cosine, relative error, mean and max absolute error whatever the task, and goals
+on those hold for the worst output. The task is the recipe's ``[postprocess] kind`` or, when it says
+nothing, inferred from the outputs; the report says which. A goal the task cannot measure is an
+error, never a pass.
 """
 
 from __future__ import annotations
@@ -19,11 +21,15 @@ import onnxruntime as ort
 
 from cuvil_edge.errors import AccuracyError, ModelError
 from cuvil_edge.packager.data import Dataset
+from cuvil_edge.packager.tasks import TaskSpec, classification, measure, resolve_task, segmentation, stream
+from cuvil_edge.packager.tasks import goal_failures as _task_goal_failures
+from cuvil_edge.packager.tasks._common import output_figures
 from cuvil_edge.recipes import AccuracyGoal
 
-__all__ = ["ValidationReport", "compare_outputs", "goal_failures", "make_session", "run_model", "validate_models"]
+__all__ = ["ValidationReport", "compare_outputs", "goal_failures", "make_session", "model_outputs_for", "run_model",
+           "task_for", "validate_models"]
 
-CONFIDENT = 0.5
+CONFIDENT = classification.CONFIDENT
 
 
 # ``CUVIL_EDGE_ORT_OPTIMIZATION`` (disable|basic|extended|all, default all) sets ONNX Runtime's graph
@@ -89,104 +95,41 @@ def run_model(session: ort.InferenceSession, data: Dataset, batch: int = 32) -> 
     return out
 
 
-def _softmax(x: np.ndarray) -> np.ndarray:
-    z = x - x.max(axis=-1, keepdims=True)
-    e = np.exp(z)
-    return e / e.sum(axis=-1, keepdims=True)
-
-
-def _cosine(a: np.ndarray, b: np.ndarray) -> float:
-    a2 = a.reshape(len(a), -1).astype(np.float64)
-    b2 = b.reshape(len(b), -1).astype(np.float64)
-    den = np.linalg.norm(a2, axis=1) * np.linalg.norm(b2, axis=1)
-    cos = np.where(den > 0, (a2 * b2).sum(axis=1) / np.maximum(den, 1e-30), 1.0)
-    return float(cos.mean())
-
-
 def compare_outputs(
     ref: np.ndarray | list[np.ndarray], test: np.ndarray | list[np.ndarray], kind: str,
     labels: np.ndarray | None = None, threshold: float = 0.5,
 ) -> dict[str, Any]:
-    """Metrics of ``test`` against ``ref`` for one output.
-
-    Per-sample outputs of different shapes (lists) are compared sample by sample: means of the
-    per-sample figures, the largest ``max_abs_error``.
-    """
-    if isinstance(ref, list) or isinstance(test, list):
-        per = [compare_outputs(np.asarray(r), np.asarray(t), kind, None, threshold) for r, t in zip(ref, test, strict=True)]
-        merged: dict[str, Any] = {"samples": len(per)}
-        for key in per[0]:
-            if key == "samples":
-                continue
-            values = [p[key] for p in per if p.get(key) is not None]
-            merged[key] = max(values) if key == "max_abs_error" else float(np.mean(values))
-        return merged
-    m: dict[str, Any] = {
-        "samples": len(ref),
-        "cosine": _cosine(ref, test),
-        "mae": float(np.abs(ref - test).mean()),
-        "max_abs_error": float(np.abs(ref - test).max()),
-    }
-    if kind == "classification" and ref.ndim == 2 and ref.shape[1] > 1:
-        p, q = _softmax(ref.astype(np.float64)), _softmax(test.astype(np.float64))
-        top1_ref, top1_test = p.argmax(1), q.argmax(1)
-        k = min(5, ref.shape[1])
-        top5_test = np.argsort(-q, axis=1)[:, :k]
-        confident = p.max(1) >= CONFIDENT
-        agree = top1_ref == top1_test
-        m.update(
-            {
-                "top1_agreement": float(agree.mean()),
-                "confident_samples": int(confident.sum()),
-                "confident_top1_agreement": float(agree[confident].mean()) if confident.any() else None,
-                "top5_containment": float((top5_test == top1_ref[:, None]).any(1).mean()),
-                "mean_kl": float((p * (np.log(p + 1e-12) - np.log(q + 1e-12))).sum(1).mean()),
-            }
-        )
-        if labels is not None and len(labels) == len(ref):
-            m["label_accuracy_reference"] = float((top1_ref == labels).mean())
-            m["label_accuracy"] = float((top1_test == labels).mean())
-    elif ref.ndim >= 3:
-        def to_mask(x: np.ndarray) -> np.ndarray:
-            prob = x if (x.min() >= 0 and x.max() <= 1) else 1 / (1 + np.exp(-x))
-            return prob >= threshold
-
-        a, b = to_mask(ref).reshape(len(ref), -1), to_mask(test).reshape(len(test), -1)
-        inter, union = (a & b).sum(1), (a | b).sum(1)
-        m["mask_iou"] = float(np.where(union > 0, inter / np.maximum(union, 1), 1.0).mean())
+    """Metrics of ``test`` against ``ref`` for one output: the figures every output gets, plus class
+    agreement (``kind="classification"``, one ``[N, C]`` output) or mask IoU (maps of rank >= 3)."""
+    m: dict[str, Any] = {"task": kind, **output_figures(ref, test)}
+    if kind == "classification" and not isinstance(ref, list) and ref.ndim == 2 and ref.shape[1] > 1:
+        m.update(classification.classify(np.asarray(ref), np.asarray(test), labels))
+    elif np.asarray(ref[0] if isinstance(ref, list) else ref).ndim >= 3 and kind in ("segmentation", "other"):
+        m.update(segmentation.metrics({"out": ref}, {"out": test}, {"threshold": threshold}, None))
+        m.pop("mask_output", None)
     return m
 
 
-_GOAL_KEYS = {
-    "min_top1_agreement": ("top1_agreement", 1),
-    "min_confident_top1_agreement": ("confident_top1_agreement", 1),
-    "min_top5_containment": ("top5_containment", 1),
-    "max_mean_kl": ("mean_kl", -1),
-    "min_cosine": ("cosine", 1),
-    "max_mae": ("mae", -1),
-    "min_mask_iou": ("mask_iou", 1),
-    "min_label_accuracy": ("label_accuracy", 1),
-}
-
-
 def goal_failures(metrics: dict[str, Any], goal: AccuracyGoal) -> list[str]:
-    """Human-readable misses, e.g. 'top5_containment 0.990 < 0.995 (short by 0.005)'."""
-    misses = []
-    for key, limit in goal.to_dict().items():
-        metric, sign = _GOAL_KEYS[key]
-        value = metrics.get(metric)
-        if value is None:
-            continue
-        if sign > 0 and value < limit:
-            misses.append(f"{metric} {value:.4f} < {limit:.4f} (short by {limit - value:.4f})")
-        if sign < 0 and value > limit:
-            misses.append(f"{metric} {value:.4f} > {limit:.4f} (over by {value - limit:.4f})")
-    return misses
+    """Human-readable misses, e.g. 'top5_containment 0.990 < 0.995 (short by 0.005)'.
+
+    The task's default goals (``metrics["task"]``) fill the fields ``goal`` leaves unset.
+
+    Raises:
+        RecipeError: a goal whose metric cannot be computed for this task, naming it and the fix.
+    """
+    from cuvil_edge.packager.tasks import TASKS
+
+    kind = metrics.get("task")
+    if kind in TASKS:
+        goal = goal.resolved(TASKS[kind].goals)
+    return _task_goal_failures(metrics, goal, kind)
 
 
 @dataclass
 class ValidationReport:
-    """Per-output metrics of the quantized model against the original, and the goal's verdict."""
+    """Per-output figures and the task's metrics of the quantized model against the original, and
+    the goal's verdict."""
 
     outputs: dict[str, dict[str, Any]]
     goal: dict[str, float]
@@ -217,20 +160,53 @@ class ValidationReport:
             raise AccuracyError(f"{what} missed the accuracy goal: {'; '.join(self.failures)}")
 
 
+def task_for(reference: ort.InferenceSession, data: Dataset, kind: str | dict[str, Any] | TaskSpec | None
+             ) -> TaskSpec:
+    """The task to validate for: declared (a kind or a ``[postprocess]`` spec), or inferred from the
+    original's outputs on the first sample when the recipe says nothing."""
+    if isinstance(kind, TaskSpec):
+        return kind
+    post = {"kind": kind} if isinstance(kind, str) else dict(kind or {"kind": "none"})
+    if post.get("kind") in (None, "", "none") or (post["kind"] == "detection" and "head" not in post):
+        feed = next(data.batches(1))[2]  # one sample: its outputs' shapes are exact (state axes too)
+        names = [o.name for o in reference.get_outputs()]
+        values = dict(zip(names, reference.run(names, feed), strict=True))
+        return resolve_task(post, values, feed)
+    return resolve_task(post)
+
+
+def model_outputs_for(session: ort.InferenceSession, data: Dataset, spec: TaskSpec) -> dict[str, Any]:
+    """The outputs the task compares: a stream run with carried state, or one run per batch."""
+    if spec.kind == "stream":
+        return stream.run_stream(session, data, spec.post)
+    return run_model(session, data)
+
+
 def validate_models(
     reference: ort.InferenceSession | dict[str, np.ndarray],
     candidate: ort.InferenceSession,
     data: Dataset,
-    kind: str,
-    goal: AccuracyGoal,
+    kind: str | dict[str, Any] | TaskSpec | None,
+    goal: AccuracyGoal | None,
     threshold: float = 0.5,
 ) -> ValidationReport:
-    """Run both on ``data`` (or reuse reference outputs) and check the goal on the first output."""
-    ref_out = reference if isinstance(reference, dict) else run_model(reference, data)
-    test_out = run_model(candidate, data)
-    outputs = {
-        name: compare_outputs(ref_out[name], test_out[name], kind if i == 0 else "other", data.labels, threshold)
-        for i, name in enumerate(ref_out)
-    }
-    first = next(iter(outputs.values()))
-    return ValidationReport(outputs, goal.to_dict(), goal_failures(first, goal), data.source)
+    """Run both on ``data`` (or reuse reference outputs) and check ``goal`` on the task's metrics and on
+    every output; the task's default goals fill what ``goal`` leaves unset (``goal=None``: no goal)."""
+    if isinstance(reference, dict):
+        spec = kind if isinstance(kind, TaskSpec) else resolve_task(kind, reference, next(data.batches(1))[2])
+        ref_out = reference
+    else:
+        spec = task_for(reference, data, kind)
+        ref_out = model_outputs_for(reference, data, spec)
+    if spec.kind == "segmentation" and "threshold" not in spec.post:
+        spec.post["threshold"] = threshold
+    test_out = model_outputs_for(candidate, data, spec)
+    task_metrics, outputs = measure(ref_out, test_out, spec, data.labels)
+    # The decoded output's entry carries the task's metrics too (reports and scripts read it there).
+    primary = task_metrics.get("scores_output") or task_metrics.get("mask_output") or task_metrics.get("sequence_output")
+    if primary in outputs:
+        outputs[primary].update({k: v for k, v in task_metrics.items() if k not in ("cosine", "mae", "relative_error")})
+    resolved = spec.goal(goal) if goal is not None else AccuracyGoal()
+    failures = _task_goal_failures(task_metrics, resolved, spec.kind) if goal is not None else []
+    return ValidationReport(outputs, resolved.to_dict(), failures, data.source,
+                            {"task": spec.to_dict(), "task_metrics": task_metrics})

@@ -25,8 +25,8 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["CORPUS", "CorpusModel", "corpus_model", "image_samples", "magika_samples", "model_path",
-           "speech_audio", "token_samples", "vad_frames", "write_samples"]
+__all__ = ["CORPUS", "POSTPROCESS", "CorpusModel", "corpus_model", "image_samples", "magika_samples", "model_path",
+           "recipe_dict", "samples", "speech_audio", "token_samples", "vad_frames", "vad_samples", "write_samples"]
 
 
 @dataclass(frozen=True)
@@ -202,8 +202,9 @@ SPEECH = (
 
 
 @cache
-def speech_audio(seed: int = 0, rate: int = 16000) -> np.ndarray:
-    """Synthetic speech, labelled so: espeak-ng sentences with pauses of 0.3-1.5 s and faint noise.
+def speech_audio(split: str = "evaluation", rate: int = 16000) -> np.ndarray:
+    """Synthetic speech, labelled so: espeak-ng sentences with pauses of 0.3-1.5 s and faint noise;
+    calibration and evaluation speak different sentences.
 
     Not a recording (none ships offline); the VAD's decisions on it are still speech vs pause.
     """
@@ -219,10 +220,11 @@ def speech_audio(seed: int = 0, rate: int = 16000) -> np.ndarray:
         if os.environ.get("CI"):
             pytest.fail(msg)
         pytest.skip(msg)
-    rng = np.random.default_rng(seed)
+    rng = np.random.default_rng(0 if split == "calibration" else 1)
     parts = [np.zeros(int(rate * 0.5), np.float32)]
+    sentences = SPEECH[:2] if split == "calibration" else SPEECH[2:]
     with tempfile.TemporaryDirectory() as tmp:
-        for i, text in enumerate(SPEECH):
+        for i, text in enumerate(sentences):
             wav = Path(tmp) / f"{i}.wav"
             subprocess.run([exe, "-v", "en-us", "-s", str(140 + 10 * i), "-w", str(wav), text], check=True,
                            capture_output=True, timeout=60)
@@ -299,6 +301,64 @@ def magika_samples(count: int, seed: int = 0) -> list[dict[str, np.ndarray]]:
         x[2048 - len(end) :] = np.frombuffer(end, np.uint8)
         out.append({"bytes": x[None]})
     return out
+
+
+def vad_samples(split: str, frames: int | None = None) -> list[dict[str, np.ndarray]]:
+    """Silero VAD frames in time order with the states the FP32 model carries there (``.npz`` data
+    must hold every input; stream validation replaces the states with each model's own)."""
+    import onnxruntime as ort
+
+    sess = ort.InferenceSession(str(model_path("silero-vad")), providers=["CPUExecutionProvider"])
+    state = np.zeros((2, 1, 128), np.float32)
+    sr = np.array(16000, np.int64)
+    out = []
+    for x in vad_frames(speech_audio(split))[:frames]:
+        out.append({"input": x[None], "state": state, "sr": sr})
+        _, state = sess.run(None, {"input": x[None], "state": state, "sr": sr})
+    return out
+
+
+def samples(name: str, count: int, split: str) -> list[dict[str, np.ndarray]]:
+    """``count`` samples for any corpus model (frames for the stream model: ``count`` of them)."""
+    seed = 0 if split == "calibration" else 1
+    if name == "silero-vad":
+        return vad_samples(split, count)
+    if name == "minilm":
+        return token_samples(count, seed=seed)
+    if name == "magika":
+        return magika_samples(count, seed=seed)
+    return image_samples(name, count, split)
+
+
+# The [postprocess] each model's own package decodes with (None: left to inference).
+POSTPROCESS: dict[str, dict[str, object] | None] = {
+    "nudenet-320n": {"kind": "detection", "head": "yolo", "box_format": "cxcywh", "score_threshold": 0.25,
+                     "iou_threshold": 0.45},
+    "centerface": {"kind": "detection", "head": "centernet", "score_threshold": 0.5, "iou_threshold": 0.3,
+                   "class_agnostic": True, "stride": 4},
+    "ocr-det": {"kind": "segmentation", "threshold": 0.3},
+    "ocr-rec": {"kind": "ctc", "blank": 0},
+    "ocr-cls": {"kind": "classification"},
+    "silero-vad": {"kind": "stream", "state": {"state": "stateN"}, "decision": "output", "threshold": 0.5},
+    "minilm": {"kind": "embedding"},
+    "magika": {"kind": "classification"},
+}
+
+
+def recipe_dict(name: str, target: str, precision: str, calib: Path, evaluation: Path,
+                declare: bool = True, **extra: object) -> dict[str, object]:
+    """A recipe for ``name`` (``declare=False``: no [postprocess], the task is inferred)."""
+    data: dict[str, object] = {
+        "name": name.replace("_", "-"), "version": "1.0.0", "model": {"source": str(model_path(name))},
+        "target": {"board": target, "precision": precision, "max_batch": 1},
+        "calibration": {"data": str(calib), "samples": 1000},
+        "evaluation": {"data": str(evaluation), "samples": 1000, "sensitivity_samples": 1000},
+    }
+    post = POSTPROCESS[name]
+    if declare and post:
+        data["postprocess"] = dict(post)
+    data.update(extra)
+    return data
 
 
 def write_samples(folder: Path, samples: list[dict[str, np.ndarray]]) -> Path:

@@ -1,0 +1,174 @@
+"""Task metrics: recognised from real models' outputs, decoded as the models' own packages decode,
+and goals that cannot be measured are errors, never passes (issue 21)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from corpus import CORPUS, model_path, samples
+from onnx import helper, numpy_helper
+
+from cuvil_edge.errors import AccuracyError, RecipeError
+from cuvil_edge.packager.data import Dataset
+from cuvil_edge.packager.tasks import TASKS, goal_failures, infer_task, measure, resolve_task
+from cuvil_edge.packager.tasks.detection import Detections, decode, match
+from cuvil_edge.packager.validate import make_session, validate_models
+from cuvil_edge.recipes import TASK_KINDS, AccuracyGoal, recipe_from_dict
+
+EXPECTED = {
+    "nudenet-320n": ("detection", "yolo"),
+    "centerface": ("detection", "centernet"),
+    "ocr-det": ("segmentation", None),
+    "ocr-rec": ("ctc", None),
+    "ocr-cls": ("classification", None),
+    "silero-vad": ("stream", None),
+    "minilm": ("embedding", None),
+    "magika": ("classification", None),
+}
+
+
+def _fp32(name: str, count: int, split: str = "evaluation") -> tuple[dict, dict]:
+    sess = ort.InferenceSession(str(model_path(name)), providers=["CPUExecutionProvider"])
+    feeds = samples(name, count, split)
+    names = [o.name for o in sess.get_outputs()]
+    runs = [dict(zip(names, sess.run(names, f), strict=True)) for f in feeds]
+    return {n: [r[n] for r in runs] for n in names}, feeds[0]
+
+
+def test_one_table_names_the_task_kinds():
+    assert list(TASKS) == list(TASK_KINDS)
+    assert {kind for kind, _ in EXPECTED.values()} <= set(TASKS)
+    docs = (Path(__file__).resolve().parents[2] / "docs" / "packager.md").read_text("utf-8")
+    table = docs[docs.index("<!-- vocabulary: TASK_KINDS"):]
+    assert [f"| `{k}` |" in table for k in TASK_KINDS] == [True] * len(TASK_KINDS)
+
+
+@pytest.mark.parametrize("name", sorted(CORPUS))
+def test_task_inferred_from_each_corpus_models_outputs(name):
+    """No recipe: the packager recognises each public model's job from what it outputs."""
+    values, feed = _fp32(name, 1)
+    spec = infer_task({k: v[0] for k, v in values.items()}, feed)
+    kind, head = EXPECTED[name]
+    assert spec.kind == kind and spec.inferred, spec.reason
+    assert spec.post.get("head") == head
+    assert kind in spec.reason and "inferred from the outputs" in spec.reason
+    if kind == "stream":
+        assert spec.post["state"] == {"state": "stateN"} and spec.post["decision"] == "output"
+
+
+def test_yolo_decoding_matches_the_detectors_own_rule():
+    """NudeNet's own post-processing (score > 0.2 then NMS) finds the same boxes as the bundle's."""
+    values, _ = _fp32("nudenet-320n", 4)
+    dets = decode(values, {"head": "yolo", "score_threshold": 0.25, "iou_threshold": 0.45, "box_format": "cxcywh"})
+    raw = values["output0"][0][0].T  # [A, 4 + 18]
+    assert len(dets) == 4
+    assert len(dets[0].scores) >= 1  # the astronaut's face at least
+    best = int(raw[:, 4:].max(1).argmax())
+    cx, cy, w, h = raw[best, :4]
+    assert np.allclose(dets[0].boxes[0], [cx - w / 2, cy - h / 2, cx + w / 2, cy + h / 2], atol=1e-3)
+    assert dets[0].scores[0] == pytest.approx(raw[best, 4:].max(), abs=1e-6)
+
+
+def test_centernet_decoding_gives_boxes_and_five_keypoints():
+    values, _ = _fp32("centerface", 1)
+    dets = decode(values, {"head": "centernet", "score_threshold": 0.5, "iou_threshold": 0.3, "class_agnostic": True})
+    assert len(dets[0].scores) >= 1  # the astronaut's face
+    assert dets[0].keypoints is not None and dets[0].keypoints.shape[1:] == (5, 2)
+    box, points = dets[0].boxes[0], dets[0].keypoints[0]
+    assert ((points >= box[:2] - 2) & (points <= box[2:] + 2)).all()  # eyes, nose, mouth inside the face
+
+
+def test_match_needs_the_same_class_and_half_overlap():
+    ref = Detections(np.array([[0, 0, 10, 10], [20, 20, 30, 30]], float), np.array([0.9, 0.8]), np.array([1, 2]))
+    test = Detections(np.array([[1, 1, 10, 10], [20, 20, 30, 30], [0, 0, 4, 4]], float), np.array([0.7, 0.8, 0.9]),
+                      np.array([1, 3, 1]))
+    pairs = match(ref, test)
+    assert [(r, t) for r, t, _ in pairs] == [(0, 0)]  # class 3 != 2; the small box overlaps < 0.5
+
+
+def _planted_concat_scale(path) -> onnx.ModelProto:
+    """The YOLO output as a per-tensor INT8 Q/DQ would carry it: one scale for boxes (0-320) and scores
+    (0-1) together, as the issue found in a shipped bundle."""
+    model = onnx.load(str(path))
+    out = model.graph.output[0].name
+    inner = out + "_fp"
+    for node in model.graph.node:
+        node.output[:] = [inner if o == out else o for o in node.output]
+    scale = numpy_helper.from_array(np.array(320.0 / 127, np.float32), "planted_scale")
+    zero = numpy_helper.from_array(np.array(0, np.int8), "planted_zero")
+    model.graph.initializer.extend([scale, zero])
+    model.graph.node.extend([
+        helper.make_node("QuantizeLinear", [inner, "planted_scale", "planted_zero"], [out + "_q"], name="planted_q"),
+        helper.make_node("DequantizeLinear", [out + "_q", "planted_scale", "planted_zero"], [out], name="planted_dq"),
+    ])
+    return model
+
+
+def test_gate_refuses_one_scale_for_boxes_and_scores():
+    """Cosine stays near 1 (boxes dominate the tensor) while every score rounds to 0: the detection
+    gate refuses on recall; the old gate (cosine, first output) passed this model."""
+    path = model_path("nudenet-320n")
+    data = Dataset({"images": np.concatenate([s["images"] for s in samples("nudenet-320n", 6, "evaluation")])},
+                   None, "photos")
+    broken = _planted_concat_scale(path)
+    report = validate_models(make_session(path), make_session(broken), data, "detection", AccuracyGoal())
+    assert report.outputs["output0"]["cosine"] > 0.99  # what the old gate looked at
+    assert not report.passed
+    assert report.extra["task_metrics"]["recall"] == 0.0
+    assert any(f.startswith("recall 0.0000 < 0.9000") for f in report.failures), report.failures
+    with pytest.raises(AccuracyError, match="recall"):
+        report.raise_if_failed("nudenet")
+    fine = validate_models(make_session(path), make_session(path), data, "detection", AccuracyGoal())
+    assert fine.passed and fine.extra["task_metrics"]["recall"] == 1.0
+
+
+def test_a_goal_the_task_cannot_measure_is_an_error_naming_the_fix():
+    spec = resolve_task({"kind": "detection", "head": "yolo"})
+    ref = {"out": np.array([[[10, 10, 4, 4, 0.9]] * 40], np.float32).transpose(0, 2, 1)}
+    metrics, _ = measure(ref, ref, spec)
+    with pytest.raises(RecipeError, match=r"'min_top5_containment' cannot be computed for task 'detection'.*"
+                                          r"kind = \"classification\" \(or --kind classification\)"):
+        goal_failures(metrics, spec.goal(AccuracyGoal(min_top5_containment=0.99)), "detection")
+    with pytest.raises(RecipeError, match="no labels"):
+        goal_failures(metrics, AccuracyGoal(min_map50=0.5), "detection")
+
+
+def test_detection_with_nothing_to_find_is_not_a_pass():
+    spec = resolve_task({"kind": "detection", "head": "yolo"})
+    empty = {"out": np.zeros((2, 40, 6), np.float32)}
+    with pytest.raises(AccuracyError, match="finds no detection.*score_threshold"):
+        measure(empty, empty, spec)
+
+
+def test_every_output_is_checked_not_just_the_first():
+    """A second output that drifts fails the default cosine goal though the first is exact."""
+    spec = resolve_task("embedding")
+    rng = np.random.default_rng(0)
+    a, b = rng.standard_normal((8, 16)), rng.standard_normal((8, 4))
+    metrics, per = measure({"first": a, "second": b}, {"first": a, "second": -b}, spec)
+    assert per["first"]["cosine"] == pytest.approx(1.0) and per["second"]["cosine"] == pytest.approx(-1.0)
+    assert goal_failures(metrics, spec.goal(None))[0].startswith("cosine -1.0000 < 0.9900")
+
+
+def test_default_goals_follow_the_task():
+    assert resolve_task("detection").goal(None).to_dict() == {"min_recall": 0.9, "min_precision": 0.9}
+    assert resolve_task("segmentation").goal(AccuracyGoal(min_cosine=0.5)).to_dict() == {
+        "min_cosine": 0.5, "min_mask_iou": 0.9}
+    assert resolve_task("classification").goal(None).to_dict() == {
+        "min_confident_top1_agreement": 0.99, "min_top5_containment": 0.995}
+
+
+def test_recipe_declares_streams_and_detection_heads():
+    base = {"name": "m", "model": {"source": "m.onnx"}, "target": {"board": "generic-arm64"}}
+    rec = recipe_from_dict({**base, "postprocess": {"kind": "stream", "state": {"state": "stateN"}}}, "t")
+    assert rec.postprocess["state"] == {"state": "stateN"} and rec.postprocess["stream_length"] == 0
+    with pytest.raises(RecipeError, match="'state' must map each state input"):
+        recipe_from_dict({**base, "postprocess": {"kind": "stream"}}, "t")
+    with pytest.raises(RecipeError, match="head' must be yolo, centernet or nms, got 'ssd'"):
+        recipe_from_dict({**base, "postprocess": {"kind": "detection", "head": "ssd"}}, "t")
+    with pytest.raises(RecipeError, match="kind must be classification, detection, .* got 'pose'"):
+        recipe_from_dict({**base, "postprocess": {"kind": "pose"}}, "t")
