@@ -14,7 +14,8 @@ from cuvil_edge._toml import TOMLDecodeError, load_toml
 from cuvil_edge.errors import RecipeError
 from cuvil_edge.targets import get_target
 
-__all__ = ["CALIBRATION_METHODS", "PRECISIONS", "QUANTIZERS", "TASK_KINDS", "AccuracyGoal", "Recipe", "choices", "load_recipe",
+__all__ = ["CALIBRATION_METHODS", "PRECISIONS", "QUANTIZERS", "TASK_KINDS", "AccuracyGoal", "Recipe",
+           "check_postprocess", "choices", "load_recipe",
            "recipe_from_dict"]
 
 PRECISIONS = ("fp32", "fp16", "int8", "mixed")
@@ -264,6 +265,11 @@ def _check_postprocess(post: dict[str, Any], where: str) -> dict[str, Any]:
     if kind in ("embedding", "regression"):
         return {"kind": kind}
     return {"kind": "none"}
+
+
+def check_postprocess(post: dict[str, Any], where: str = "recipe") -> dict[str, Any]:
+    """A ``[postprocess]`` table checked and filled with its defaults (``--kind`` uses it too)."""
+    return _check_postprocess(post, where)
 
 
 def _resolve(value: str, base: Path | None, where: str = "recipe") -> str:

@@ -19,7 +19,7 @@ import typer
 from rich.table import Table
 
 from cuvil_edge._console import console, id_column, print_table
-from cuvil_edge.recipes import QUANTIZERS
+from cuvil_edge.recipes import QUANTIZERS, TASK_KINDS, choices
 
 __all__ = ["engine_app", "inspect_cmd", "register"]
 
@@ -107,6 +107,8 @@ def package_cmd(
     version: str = typer.Option(None, "--version", help="Bundle version. Defaults to the recipe's or 1.0.0."),
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
     quantizer: str = typer.Option("cuvil", "--quantizer", help=_QUANTIZER_HELP),
+    kind: str = typer.Option(None, "--kind", help=f"The model's task: {choices(TASK_KINDS)} "
+                             "(default: the recipe's postprocess kind, else inferred from the outputs)."),
 ) -> None:
     """Quantize a model for a board, check its accuracy against FP32, and write a signed bundle."""
     from cuvil_edge.packager.package import package
@@ -114,6 +116,11 @@ def package_cmd(
     started = time.perf_counter()
     _check_out(out)
     rec = _recipe(model, recipe, target, precision, calib, eval_data, name, version)
+    if kind:
+        from cuvil_edge.recipes import check_postprocess
+
+        rec.postprocess = check_postprocess({**rec.postprocess, "kind": kind} if rec.postprocess.get("kind") == kind
+                                            else {"kind": kind}, "--kind")
     from cuvil_edge._progress import packaging_progress
 
     with packaging_progress(console) as (say, bar):
@@ -121,9 +128,16 @@ def package_cmd(
     if as_json:
         print(json.dumps(result.report, indent=2, default=float))
         return
-    primary = result.report["validation"]["outputs"]
-    first = next(iter(primary.values()))
-    print_table(_metrics_table(f"{rec.name}: {rec.precision} ({result.report['runtime_format']}) vs FP32", first))
+    from rich.markup import escape
+
+    validation = result.report["validation"]
+    task = validation.get("task") or {}
+    title = f"{rec.name}: {rec.precision} ({result.report['runtime_format']}) vs FP32"
+    if task:
+        console.print(escape(f"task: {task['kind']} ({task['reason']})"))
+        print_table(_metrics_table(f"{title}, {task['kind']}", validation["task_metrics"]))
+    else:
+        print_table(_metrics_table(title, next(iter(validation["outputs"].values()))))
     kept = result.report["quantization"].get("kept_float_groups")
     if kept is not None:
         console.print(f"mixed precision kept in float: {', '.join(kept) or 'nothing'}")
@@ -238,8 +252,15 @@ def inspect_cmd(
     except Exception as exc:  # onnx raises DecodeError, OSError, ValueError...
         raise ModelError(f"{path}: not a readable ONNX model ({exc})") from exc
     report = inspect_model(proto, tgt, max_batch=max_batch)
+    from rich.markup import escape
+
+    from cuvil_edge.packager.validate import probe_task
+
+    task, why = probe_task(proto)
+    task_info = ({**task.to_dict(), "default_goal": task.goal(None).to_dict()} if task is not None
+                 else {"kind": None, "reason": why})
     if as_json:
-        print(json.dumps(report.to_dict(), indent=2))
+        print(json.dumps({**report.to_dict(), "task": task_info}, indent=2))
     else:
         print_table(render_inspect_table(report, only_issues=only_issues), console)
         for name, prof in report.profiles.items():
@@ -247,6 +268,12 @@ def inspect_cmd(
                 console.print(f"profile {name}: {inp} min {p['min']} opt {p['opt']} max {p['max']}")
         for w in report.warnings:
             console.print(f"[yellow]warning:[/] {w}")
+        if task is not None:
+            goal = ", ".join(f"{k} {v}" for k, v in task_info["default_goal"].items())
+            console.print(escape(f"task: {task.reason} ([postprocess] kind = \"{task.kind}\" to declare it); "
+                                 f"default accuracy goal: {goal}"))
+        else:
+            console.print(escape(f"task: {why}; declare it with [postprocess] kind"))
         n_bad = len(report.unsupported)
         console.print(f"{len(report.nodes)} nodes: {n_bad} unsupported or unverified on some TensorRT "
                       f"version, {len(report.dla_fallbacks)} DLA fallback(s)")

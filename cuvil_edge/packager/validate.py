@@ -27,7 +27,7 @@ from cuvil_edge.packager.tasks._common import output_figures
 from cuvil_edge.recipes import AccuracyGoal
 
 __all__ = ["ValidationReport", "compare_outputs", "goal_failures", "make_session", "model_outputs_for", "run_model",
-           "task_for", "validate_models"]
+           "probe_task", "task_for", "validate_models"]
 
 CONFIDENT = classification.CONFIDENT
 
@@ -174,6 +174,32 @@ def task_for(reference: ort.InferenceSession, data: Dataset, kind: str | dict[st
         values = dict(zip(names, reference.run(names, feed), strict=True))
         return resolve_task(post, values, feed)
     return resolve_task(post)
+
+
+def probe_task(model: onnx.ModelProto, post: dict[str, Any] | None = None) -> tuple[TaskSpec | None, str]:
+    """The task ``inspect`` shows when no data is at hand: the declared one, or the one inferred from
+    the outputs of one run on a random input (dynamic dims set to 1 for the batch, 256 for an image's height and width, 64 elsewhere).
+
+    Returns ``(spec, "")``, or ``(None, why)`` when the model cannot be run on a made-up input."""
+    if post and post.get("kind") not in (None, "", "none") and (post.get("kind") != "detection" or "head" in post):
+        return resolve_task(post), ""
+    rng = np.random.default_rng(0)
+    try:
+        session = make_session(model)
+        feed: dict[str, np.ndarray] = {}
+        for inp in session.get_inputs():
+            spatial = 256 if len(inp.shape) == 4 else 64  # images: room for a detector's anchors
+            dims = [d if isinstance(d, int) and d > 0 else (1 if i == 0 else spatial) for i, d in enumerate(inp.shape)]
+            if "int" in inp.type:
+                feed[inp.name] = np.ones(dims, dtype=np.int64 if "int64" in inp.type else np.int32)
+            else:
+                dtype = np.float16 if "float16" in inp.type else np.float32
+                feed[inp.name] = rng.random(dims).astype(dtype)
+        names = [o.name for o in session.get_outputs()]
+        values = dict(zip(names, session.run(names, feed), strict=True))
+    except Exception as exc:  # any model a made-up input cannot drive
+        return None, f"not inferred: the model does not run on a made-up input ({str(exc).splitlines()[0][:120]})"
+    return resolve_task(post, values, feed), ""
 
 
 def model_outputs_for(session: ort.InferenceSession, data: Dataset, spec: TaskSpec) -> dict[str, Any]:

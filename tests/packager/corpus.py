@@ -356,14 +356,14 @@ POSTPROCESS: dict[str, dict[str, object] | None] = {
 }
 
 
-def recipe_dict(name: str, target: str, precision: str, calib: Path, evaluation: Path,
+def recipe_dict(name: str, target: str, precision: str, calib: Path, eval_dir: Path,
                 declare: bool = True, **extra: object) -> dict[str, object]:
     """A recipe for ``name`` (``declare=False``: no [postprocess], the task is inferred)."""
     data: dict[str, object] = {
         "name": name.replace("_", "-"), "version": "1.0.0", "model": {"source": str(model_path(name))},
         "target": {"board": target, "precision": precision, "max_batch": 1},
         "calibration": {"data": str(calib), "samples": 1000},
-        "evaluation": {"data": str(evaluation), "samples": 1000, "sensitivity_samples": 1000},
+        "evaluation": {"data": str(eval_dir), "samples": 1000, "sensitivity_samples": 1000},
     }
     post = POSTPROCESS[name]
     if declare and post:

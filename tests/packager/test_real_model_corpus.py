@@ -26,9 +26,14 @@ from cuvil_edge.recipes import recipe_from_dict
 # Samples (calibration, evaluation): frames for the stream model, samples otherwise.
 SIZES = {"silero-vad": (160, 320), "minilm": (12, 8), "magika": (24, 24)}
 DEFAULT_SIZE = (12, 12)
+# Samples the mixed search ranks and checks on (a slice of the calibration data).
+SEARCH = {"ocr-cls": 12}
 ORIN, ARM = "orin-nano-8gb", "generic-arm64"
+# Mixed searches rank every layer group by quantizing it alone: NudeNet (115 groups) and MiniLM (252)
+# take minutes here, over this file's CI budget; bench/bench_packager.py --tasks measures them.
+SEARCH_IN_BENCH = {"nudenet-320n", "minilm"}
 MATRIX = [(name, ORIN, "int8") for name in CORPUS] + [(name, ARM, "int8") for name in CORPUS] + [
-    (name, ORIN, "mixed") for name in CORPUS]
+    (name, ORIN, "mixed") for name in CORPUS if name not in SEARCH_IN_BENCH]
 
 # What the gate decides today: None ships; a metric name is the refusal's.
 OUTCOME: dict[tuple[str, str, str], str | None] = {
@@ -36,7 +41,6 @@ OUTCOME: dict[tuple[str, str, str], str | None] = {
     # rounds to 0, recall 0 (cosine 0.999). Until outputs of mixed ranges are quantized apart.
     ("nudenet-320n", ORIN, "int8"): "recall",
     ("nudenet-320n", ARM, "int8"): "recall",
-    ("nudenet-320n", ORIN, "mixed"): "recall",
     ("centerface", ORIN, "int8"): None,
     ("centerface", ARM, "int8"): None,
     ("centerface", ORIN, "mixed"): None,
@@ -46,14 +50,13 @@ OUTCOME: dict[tuple[str, str, str], str | None] = {
     ("ocr-det", ORIN, "mixed"): "mask_iou",
     ("ocr-rec", ORIN, "int8"): "char_error_rate",
     ("ocr-rec", ARM, "int8"): "char_error_rate",
-    ("ocr-rec", ORIN, "mixed"): "char_error_rate",
+    ("ocr-rec", ORIN, "mixed"): None,  # every Conv/MatMul group kept in float: CER 0
     ("ocr-cls", ORIN, "int8"): None,
     ("ocr-cls", ARM, "int8"): "confident_top1_agreement",
-    ("ocr-cls", ORIN, "mixed"): None,
+    ("ocr-cls", ORIN, "mixed"): None,  # one group kept in float
     # Per-tensor INT8 activations through LayerNorm/GELU/attention: cosine 0.49.
     ("minilm", ORIN, "int8"): "cosine",
     ("minilm", ARM, "int8"): "cosine",
-    ("minilm", ORIN, "mixed"): "cosine",
 }
 # Models whose inputs the packager cannot take yet (scalar int64 rate; Magika's [1, C] bias in the
 # CPU form): refused with one line, asserted in test_unsupported_inputs_are_one_line_refusals.
@@ -79,7 +82,7 @@ def folders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, P
 def _recipe(name: str, target: str, precision: str, folders: dict[str, tuple[Path, Path]]):
     cal, ev = folders[name]
     return recipe_from_dict(recipe_dict(name, target, precision, cal, ev, evaluation={
-        "data": str(ev), "samples": 1000, "sensitivity_samples": 4}), "corpus")
+        "data": str(ev), "samples": 1000, "sensitivity_samples": SEARCH.get(name, 4)}), "corpus")
 
 
 def _check_task(kind: str, m: dict) -> None:

@@ -172,3 +172,10 @@ def test_recipe_declares_streams_and_detection_heads():
         recipe_from_dict({**base, "postprocess": {"kind": "detection", "head": "ssd"}}, "t")
     with pytest.raises(RecipeError, match="kind must be classification, detection, .* got 'pose'"):
         recipe_from_dict({**base, "postprocess": {"kind": "pose"}}, "t")
+
+
+def test_inspect_shows_the_task_and_its_default_goal(cli):
+    res = cli("inspect", str(model_path("nudenet-320n")), "--target", "generic-arm64", env={"COLUMNS": "400"})
+    assert res.returncode == 0, res.stderr
+    assert "detection (yolo head)" in res.stdout and "default accuracy goal: min_recall 0.9, min_precision 0.9" \
+        in res.stdout, res.stdout[-600:]
