@@ -225,13 +225,19 @@ class Server:
         self.revert_expired_switches()  # before loading: a reboot mid-deploy ends on the gated version
         self.resources.notify("STATUS=loading models")
         names = cfg.models or self.store.names()
+        failed: dict[str, str] = {}
         for name in names:
             try:
                 await self.registry.load(name)
             except CuvilEdgeError as exc:
                 if cfg.strict:
                     raise DaemonError(f"model {name!r} failed to load: {exc}") from exc
+                failed[name] = str(exc)
                 log.error("model %s not served: %s", name, exc)
+        if failed and not self.registry.instances():
+            # Serving nothing at all is a failed start (exit 3), not a daemon that reports ready.
+            raise DaemonError(f"no model can serve: {len(failed)} failed to load "
+                              f"({', '.join(sorted(failed))}); see the errors above")
         freeze_heap()
         self.state.ready = True
         self.state.phase = "ready"
