@@ -27,8 +27,8 @@ EXPORTS: dict[str, list[str]] = {
         "TargetError", "TelemetryError", "__version__"
     ],
     "cuvil_edge.bundle.engine_store": [
-        "EngineError", "EngineRecord", "EngineStore", "RECORD_FORMAT", "host_engine_cache", "key_for_facts",
-        "plan_matches_key", "sha256_bytes", "sha256_file"
+        "DeviceIdentity", "EngineError", "EngineRecord", "EngineStore", "RECORD_FORMAT", "device_identity",
+        "host_engine_cache", "key_for_facts", "plan_matches_device", "sha256_bytes", "sha256_file"
     ],
     "cuvil_edge.daemon.accept": [
         "Acceptor", "BUSY_ANSWER", "FULL_ANSWER", "connection_cap", "listen_tcp", "listen_unix"
@@ -84,7 +84,7 @@ EXPORTS: dict[str, list[str]] = {
     "cuvil_edge.packager.engine_build": ["EngineFromOnnx", "build_engine"],
     "cuvil_edge.packager.engine_device": ["BUILDERS", "BuildStopped", "RECORD_PREFIX", "build_into_store"],
     "cuvil_edge.packager.engine_plan": [
-        "PlanRequest", "make_build_plan", "make_build_plans", "plan_member_name", "workspace_bytes"
+        "PlanRequest", "make_build_plan", "make_build_plans", "plan_member_name", "trtexec_command", "workspace_bytes"
     ],
     "cuvil_edge.packager.engine_standin": ["STANDIN_MAGIC", "main", "read_standin_plan", "standin_plan_bytes"],
     "cuvil_edge.packager.inspect": [
