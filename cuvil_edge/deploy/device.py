@@ -5,9 +5,9 @@ the old one, whatever happens to the link:
 
 1. probe the device (architecture, board, L4T, TensorRT) and refuse a bundle that does not fit;
 2. take the device lock; unless that exact bundle (same signed manifest) is already installed,
-   send the ``.cvb`` to ``deploy/uploads/`` (resumable; sha256 checked on the device), extract it
-   with ``tar`` into ``deploy/staging/``, check every file's sha256 on the device and rename the
-   directory to ``bundles/<name>/<version>``;
+   send the ``.cvb`` to ``deploy/uploads/`` (resumable; sha256 checked on the device), then the
+   device unpacks it (``ondevice unpack``, ``deploy/unpack.py``): extract, fsync every file and
+   directory, check every file's sha256, rename to ``bundles/<name>/<version>``, fsync the parents;
 3. start the device-side step (``python -m cuvil_edge.deploy.ondevice activate``, detached from
    the SSH session, the lock handed over to it): it records a pending switch with a confirm
    deadline, switches ``current``, has the daemon load the model, runs the health gate with the
@@ -36,7 +36,7 @@ from typing import Any
 import asyncssh
 
 from cuvil_edge.bundle import Manifest, verify_bundle
-from cuvil_edge.bundle.container import MANIFEST_NAME, SIGNATURE_NAME, iter_member_bytes
+from cuvil_edge.bundle.container import MANIFEST_NAME, iter_member_bytes
 from cuvil_edge.deploy.activate import GATE_MARGIN_S
 from cuvil_edge.deploy.layout import DeviceActivating, DeviceBusy, DeviceLock, DeviceStore, check_component
 from cuvil_edge.deploy.probe import DeviceFacts, IncompatibleDevice, check_compatible, probe_device
@@ -480,33 +480,17 @@ async def _install(tr: SSHTransport, store: DeviceStore, bundle: PreparedBundle,
         res.notes.append("partial upload on the device did not match; sent again from the start")
     res.stage = "extract"
     progress(label, "extract", bundle.size, bundle.size)
-    staging = store.staging_dir(name, version)
-    await tr.rmtree(staging)
-    await tr.makedirs(staging)
-    try:
-        out = await tr.run(["tar", "-x", "--no-same-owner", "--no-same-permissions", "-f", final, "-C", staging])
-        if out.exit_status != 0:
-            raise DeployError(f"{label}: tar could not extract {final}: {out.stderr.strip()[:300]}")
-        expected = {f.path: f.sha256 for f in bundle.manifest.files}
-        expected[MANIFEST_NAME] = hashlib.sha256(bundle.manifest_bytes).hexdigest()
-        paths = [os.path.join(staging, p) for p in sorted(expected)]
-        check = await tr.run(["sha256sum", "--", *paths])
-        got: dict[str, str] = {}
-        for line in check.stdout.splitlines():
-            digest, _, path = line.partition("  ")
-            got[os.path.relpath(path, staging)] = digest
-        bad = sorted(p for p, d in expected.items() if got.get(p) != d)
-        if check.exit_status != 0 or bad:
-            raise CorruptUpload(f"{label}: extracted files do not match the manifest: {', '.join(bad)[:300]}")
-        if not await tr.exists(os.path.join(staging, SIGNATURE_NAME)):
-            raise DeployError(f"{label}: {SIGNATURE_NAME} missing after extraction")
-        await tr.makedirs(store.bundle_dir(name))
-        await tr.rename(staging, store.version_dir(name, version))
-    except BaseException:
-        with contextlib.suppress(Exception):
-            await tr.rmtree(staging)
-        raise
-    await tr.remove(final)
+    # On the device, in one step: extract, fsync every file and directory, check each sha256,
+    # rename into bundles/ and fsync the parents (deploy/unpack.py): a power cut at any moment
+    # leaves no version directory or a complete, durable one.
+    answer = await _ondevice(tr, ["unpack", "--store", tr.address.store_root, "--name", name, "--version", version,
+                                  "--sha256", bundle.sha256, "--manifest-sha256",
+                                  hashlib.sha256(bundle.manifest_bytes).hexdigest()], 1800)
+    if not answer.get("ok"):
+        reason = str(answer.get("reason") or "unknown reason")
+        if "do not match" in reason:
+            raise CorruptUpload(f"{label}: {reason[:400]}")
+        raise DeployError(f"{label}: the device could not unpack {name} {version}: {reason[:400]}")
     # The install record (sha256, time) is written on the device by the deploy step.
 
 
