@@ -155,6 +155,7 @@ class DeviceResult:
     facts: dict[str, Any] | None = None
     health: dict[str, Any] | None = None
     txn: str | None = None
+    serving: str | None = None  # the version the device's ``current`` named when it last answered
 
     @property
     def ok(self) -> bool:
@@ -246,6 +247,7 @@ async def _deploy_locked(tr: SSHTransport, store: DeviceStore, bundle: PreparedB
     current = await store.current(name)
     state = await store.read_state(name)
     res.previous = current
+    res.serving = current
     if await _adopt(tr, state, bundle, current, res):
         return
     on_device = await store.manifest_bytes(name, version)
@@ -282,6 +284,7 @@ async def _deploy_locked(tr: SSHTransport, store: DeviceStore, bundle: PreparedB
 
 def _apply_outcome(res: DeviceResult, outcome: dict[str, Any]) -> None:
     status = outcome.get("status")
+    res.serving = outcome.get("serving", res.serving)
     res.previous = outcome.get("previous", res.previous)
     res.health = outcome.get("health") or res.health
     res.notes += [n for n in outcome.get("notes") or [] if n not in res.notes]
@@ -414,6 +417,7 @@ async def _activate_on_device(tr: SSHTransport, name: str, version: str, sha256:
     try:
         answer = await _ondevice_acked(tr, argv, wait + 60, first_line=options.daemon_token or "")
         while answer.get("state") == "pending":
+            await _revert_if_overdue(tr, deadline_at)
             answer = await _ondevice_acked(tr, ["wait", "--store", a.store_root, "--name", name, "--txn", txn,
                                                 "--timeout", "20"], 80)
     except Unreachable as exc:
@@ -424,10 +428,27 @@ async def _activate_on_device(tr: SSHTransport, name: str, version: str, sha256:
     if state == "refused":
         reason = str((answer.get("outcome") or {}).get("reason"))
         raise DeviceBusy(f"{a.label}: {reason}") if "busy" in reason else DeployError(f"{a.label}: {reason}")
+    res.serving = answer.get("current", res.serving)
     if state == "unknown":
         raise Unreachable(f"{a.label}: the link dropped before the device step started; nothing was switched "
                           f"(current: {answer.get('current')}); deploy again")
     return dict(answer.get("outcome") or {})
+
+
+async def _revert_if_overdue(tr: SSHTransport, deadline_at: float) -> bool:
+    """Revert the device's unconfirmed switches once the deadline of ours has passed (the host
+    logs in as root or through sudo, so it may, whatever the daemon may); True when it ran.
+
+    The device reverts by itself too (a root timer at the deadline, the daemon unit's start), but
+    the host that is connected now need not wait for either: what it reports is then what the
+    device serves.
+    """
+    if time.time() < deadline_at + 1.0:
+        return False
+    with contextlib.suppress(DeployError):
+        await _ondevice(tr, ["revert-expired", "--store", tr.address.store_root, "--reload", "cuvil-edged.service"],
+                        120)
+    return True
 
 
 async def _reconnect_and_wait(address: DeviceAddress, name: str, txn: str, options: DeployOptions,
@@ -436,6 +457,7 @@ async def _reconnect_and_wait(address: DeviceAddress, name: str, txn: str, optio
     span = options.reconnect_for if options.reconnect_for is not None else options.confirm_deadline + 30.0
     give_up = time.monotonic() + span
     delay, last = 0.5, first
+    seen: dict[str, Any] | None = None  # the last answer of a device we did reach
     while True:
         left = give_up - time.monotonic()
         if left <= 0:
@@ -443,9 +465,11 @@ async def _reconnect_and_wait(address: DeviceAddress, name: str, txn: str, optio
         try:
             async with SSHTransport(address, max(1.0, min(options.connect_timeout, left))) as tr:
                 while True:
+                    await _revert_if_overdue(tr, deadline_at)
                     answer = await _ondevice_acked(tr, ["wait", "--store", address.store_root, "--name", name,
                                                         "--txn", txn, "--timeout", f"{max(1.0, min(20.0, left)):g}"],
                                                    80)
+                    seen = answer
                     if answer.get("state") != "pending":
                         if answer.get("state") == "unknown" and lock is not None:
                             with contextlib.suppress(DeployError, asyncssh.Error, OSError):
@@ -460,6 +484,11 @@ async def _reconnect_and_wait(address: DeviceAddress, name: str, txn: str, optio
         delay = min(delay * 2, 5.0)
     from cuvil_edge.bundle.activation import now_iso as _iso
 
+    if seen is not None:  # reachable, but the switch stayed pending: say so, not "cannot connect"
+        raise DeployError(
+            f"{address.label}: reconnected, but the device's deploy step still had {name} pending after "
+            f"{span:.0f} s (serving {seen.get('current')}); the device reverts an unconfirmed switch by "
+            f"{_iso(deadline_at)}: `cuvil-edge status` shows the outcome")
     raise Unreachable(
         f"{address.label}: link lost during the device's deploy step ({last}); the device finishes it by itself "
         f"and reverts an unconfirmed switch by {_iso(deadline_at)}: `cuvil-edge status` or a re-run shows the outcome")
