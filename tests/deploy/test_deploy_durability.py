@@ -295,6 +295,7 @@ def _take(store: str, txn: str, barrier, out) -> None:  # a child process of the
         out.put((txn, "won"))
     except dev_act.LockBusy as exc:
         out.put((txn, str(exc).split(":")[0]))
+    barrier.wait()  # the winner stays alive until all tried: a gone holder may rightly be taken over
 
 
 @pytest.mark.parametrize("stale", [b'{"expires": 1, "pid": 1, "host": "gone"}', b"\x00garbage"])
