@@ -647,9 +647,9 @@ async def _serving_engine(base: str, name: str, token: str | None) -> dict[str, 
 
 
 def _get(base: str, path: str, token: str | None) -> tuple[int, Any]:
-    from cuvil_edge.deploy.health import _HTTPFailure, daemon_request
+    from cuvil_edge.deploy.health import DaemonHTTPFailure, daemon_request
 
     try:
         return daemon_request(base, "GET", path, timeout=5.0, token=token)
-    except _HTTPFailure as exc:
+    except DaemonHTTPFailure as exc:
         raise DeployError(exc.message) from None
