@@ -68,6 +68,7 @@ __all__ = [
     "state_path",
     "switch_current",
     "validate_state",
+    "verify_version",
     "write_state",
 ]
 
@@ -505,6 +506,11 @@ def _verify_version(layout: StoreLayout, name: str, version: str) -> str | None:
     except (OSError, ValueError, RecursionError) as exc:
         return f"{_layout.MANIFEST_FILE}: {str(exc)[:200]}"
     return None
+
+
+def verify_version(store: str | os.PathLike[str], name: str, version: str) -> str | None:
+    """Why the files of ``name`` ``version`` in ``store`` fail verification, or None (they match)."""
+    return _verify_version(StoreLayout.of(store), name, version)
 
 
 def _quarantine_corrupt(layout: StoreLayout, name: str, version: str) -> None:

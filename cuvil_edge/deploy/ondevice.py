@@ -5,6 +5,7 @@
     python -m cuvil_edge.deploy.ondevice unpack --store S --name digits --version 1.1.0 --sha256 H --manifest-sha256 M
     python -m cuvil_edge.deploy.ondevice revert-expired --store S [--reload cuvil-edged.service]
     python -m cuvil_edge.deploy.ondevice recover --store S [--reload cuvil-edged.service]
+    python -m cuvil_edge.deploy.ondevice verify --store S --name digits
     python -m cuvil_edge.deploy.ondevice probe  --root / --store /var/lib/cuvil-edge < manifest.json
     python -m cuvil_edge.deploy.ondevice health --store /var/lib/cuvil-edge --name digits --version 1.0.0 --load
 
@@ -15,7 +16,9 @@ when it is recorded. ``wait`` prints the outcome of a transaction (the host call
 reconnect). ``unpack`` extracts an upload, fsyncs it, checks every file and renames it into the
 store (``deploy/unpack.py``). ``revert-expired`` reverts pending switches past their deadline;
 ``recover`` does that and quarantines versions whose files fail verification (root runs both:
-``cuvil-edge-revert.timer`` and the daemon unit's ``ExecStartPre=+``; docs/deploy.md). ``probe`` prints the device's facts, whether the bundle fits,
+a transient timer the deploy step sets and the daemon unit's ``ExecStartPre=+``; docs/deploy.md).
+``verify`` prints what ``current`` names, whether its files match its manifest and what the state
+file says of it (healthy, pending); exit 1 unless it verifies, is healthy and nothing is pending. ``probe`` prints the device's facts, whether the bundle fits,
 what ``current`` points at, the deploy state, the device's copy of this version's manifest and
 the store paths a deploy of it touches (``paths``, from ``bundle/layout.py``: the Ansible role
 names no path itself); exit 1 when the bundle does not fit or its manifest is refused. ``health`` asks the daemon to load the model (``--load``) and
@@ -249,8 +252,25 @@ def _recover(args: argparse.Namespace) -> int:
     return 0
 
 
+def _verify(args: argparse.Namespace) -> int:
+    from cuvil_edge.bundle.activation import current_version, read_state, verify_version
+    from cuvil_edge.bundle.names import is_safe_component
+
+    if not is_safe_component(args.name):
+        raise SystemExit(f"--name {args.name!r}: not a plain directory name")
+    version = args.version or current_version(args.store, args.name)
+    state = read_state(args.store, args.name)
+    why = verify_version(args.store, args.name, version) if version else "no current version"
+    healthy = bool(((state.get("versions") or {}).get(version or "") or {}).get("healthy"))
+    out = {"name": args.name, "version": version, "files_ok": why is None, "reason": why or "",
+           "healthy": healthy, "pending": state.get("pending"), "previous": state.get("previous"),
+           "outcome": state.get("outcome"), "notes": state.get("notes") or []}
+    print(json.dumps(out))
+    return 0 if why is None and healthy and not state.get("pending") else 1
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Entry point: ``activate``, ``wait``, ``ack``, ``unpack``, ``revert-expired``, ``recover``, ``probe`` or ``health``."""
+    """Entry point: ``activate``, ``wait``, ``ack``, ``unpack``, ``revert-expired``, ``recover``, ``verify``, ``probe`` or ``health``."""
     p = argparse.ArgumentParser(prog="python -m cuvil_edge.deploy.ondevice", description=__doc__.split("\n")[0])
     sub = p.add_subparsers(dest="cmd", required=True)
     ac = sub.add_parser("activate", help="switch, health gate, confirm or switch back (detached)")
@@ -298,6 +318,10 @@ def main(argv: list[str] | None = None) -> int:
     rc = sub.add_parser("recover", help="revert expired switches and quarantine versions that fail verification")
     rc.add_argument("--store", default="/var/lib/cuvil-edge")
     rc.add_argument("--reload", default=None, metavar="UNIT", help="reload this unit when something changed")
+    ve = sub.add_parser("verify", help="current version: files against its manifest, state file record")
+    ve.add_argument("--store", default="/var/lib/cuvil-edge")
+    ve.add_argument("--name", required=True)
+    ve.add_argument("--version", default=None, help="defaults to the version 'current' points at")
     pr = sub.add_parser("probe", help="device facts, bundle fit (manifest on stdin), store state")
     pr.add_argument("--root", default="/")
     pr.add_argument("--store", default="/var/lib/cuvil-edge")
@@ -312,7 +336,7 @@ def main(argv: list[str] | None = None) -> int:
     he.add_argument("--load", action="store_true", help="ask the daemon to load the model first")
     args = p.parse_args(argv)
     run = {"activate": _activate, "wait": _wait, "ack": _ack, "unpack": _unpack, "revert-expired": _revert_expired,
-           "recover": _recover, "probe": _probe, "health": _health}[args.cmd]
+           "recover": _recover, "verify": _verify, "probe": _probe, "health": _health}[args.cmd]
     return run(args)
 
 
