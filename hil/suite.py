@@ -581,6 +581,9 @@ def _prepare_cuts(ctx: SuiteContext) -> None:
     never sees it."""
     ctx.board.ssh(f"grep -q CUVIL_EDGE_TEST_PAUSE_DIR /etc/environment || "
                   f"echo CUVIL_EDGE_TEST_PAUSE_DIR={PAUSE_DIR} >> /etc/environment; mkdir -p {PAUSE_DIR}")
+    seen = ctx.board.ssh("echo $CUVIL_EDGE_TEST_PAUSE_DIR").stdout.strip()
+    _expect(seen == PAUSE_DIR, f"root's SSH sessions do not get the pause hook's variable from /etc/environment "
+                               f"(got {seen!r}): the cuts could not land at their points")
 
 
 def _wait_board(ctx: SuiteContext, test: str, timeout: float, what: str, proc: subprocess.Popen[str] | None) -> None:
