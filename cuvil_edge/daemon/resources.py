@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from cuvil_edge.bundle.manifest import Manifest
+from cuvil_edge.daemon.infer import MemoryRefused
 from cuvil_edge.errors import CuvilEdgeError, DaemonError
 from cuvil_edge.runtime.buffers import BufferPool, Placement
 
@@ -273,7 +274,6 @@ class Resources:
         """Reserve a model version's footprint; raises MemoryRefused when it does not fit."""
         if self.scheduler is None:
             return
-        from cuvil_edge.daemon.kserve import MemoryRefused
         from cuvil_edge.daemon.scheduler import MemoryBudgetError
 
         max_batch = max(1, int(self.config.max_batch or manifest.max_batch or 1))
@@ -347,7 +347,6 @@ class Resources:
             loop = asyncio.get_running_loop()
         except RuntimeError:
             return
-        from cuvil_edge.daemon.kserve import MemoryRefused
 
         pending = sorted(self.unloaded_by_pressure)
         self.unloaded_by_pressure.clear()
