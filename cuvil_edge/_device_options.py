@@ -55,7 +55,8 @@ class DeviceSelection:
 
 # name -> (type, default, flags, help); the names are DeviceSelection's fields.
 _OPTIONS: dict[str, tuple[Any, Any, tuple[str, ...], str]] = {
-    "to": (list[str], None, ("--to",), "Device as \\[user@]host\\[:port]; repeat for several."),
+    "to": (list[str], None, ("--to",), "Device as \\[user@]host\\[:port], or local for a store on this machine "
+           "(with --root and --store); repeat for several."),
     "inventory": (Path, None, ("--inventory",),
                   "TOML inventory of devices (\\[\\[device]] tables with address = ...)."),
     "identity": (Path, None, ("--identity", "-i"), "SSH private key."),

@@ -19,7 +19,9 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from cuvil_edge.deploy.transport import DeviceAddress, SSHTransport, Unreachable
+from cuvil_edge.deploy.transport import DeviceAddress, Unreachable
+from cuvil_edge.deploy.transport_base import Transport
+from cuvil_edge.deploy.transports import open_transport
 from cuvil_edge.errors import DeployError
 
 __all__ = ["InstallResult", "default_unit", "install_daemon", "wanted_by"]
@@ -84,7 +86,7 @@ async def install_daemon(address: DeviceAddress, unit: bytes | None = None, star
     res = InstallResult(device=address.label, status="failed")
     t0 = time.monotonic()
     try:
-        async with SSHTransport(address, connect_timeout) as tr:
+        async with open_transport(address, connect_timeout) as tr:
             unit_dir = address.sys_path("etc/systemd/system")
             dest = os.path.join(unit_dir, UNIT_NAME)
             res.unit_path = dest
@@ -133,7 +135,7 @@ def has_group(group_file: bytes | None, name: str) -> bool:
     return any(line.split(":", 1)[0] == name for line in (group_file or b"").decode("utf-8", "replace").splitlines())
 
 
-async def _jtop_dropin(tr: SSHTransport, address: DeviceAddress, unit_dir: str) -> bool:
+async def _jtop_dropin(tr: Transport, address: DeviceAddress, unit_dir: str) -> bool:
     """Write ``cuvil-edged.service.d/jtop.conf`` adding the ``jtop`` group where that group exists,
     remove it where it does not (``SupplementaryGroups=`` with a missing group fails the unit); True
     when something changed."""
