@@ -266,7 +266,7 @@ class SharedMemoryRegistry:
         Raises:
             SharedMemoryError: the output is larger than ``shared_memory_byte_size``.
         """
-        buf = memoryview(np.ascontiguousarray(data) if isinstance(data, np.ndarray) else data).cast("B")
+        buf = memoryview(np.ascontiguousarray(data).data if isinstance(data, np.ndarray) else data).cast("B")
         if buf.nbytes > target.byte_size:
             raise SharedMemoryError(f"{where}: the output has {buf.nbytes} bytes but shared_memory_byte_size "
                                     f"is {target.byte_size}")
@@ -323,7 +323,7 @@ def shm_route(shm: SharedMemoryRegistry | None, req: Any, parts: list[str]) -> N
                 if not isinstance(doc, dict):
                     req.error(400, "the register request must be a JSON object with key, offset, byte_size")
                     return
-                shm.register(name, doc.get("key"), doc.get("offset", 0), doc.get("byte_size"))
+                shm.register(name, doc.get("key"), doc.get("offset", 0), doc.get("byte_size"))  # type: ignore[arg-type]  # register checks each
             req.respond(200, b"")
         else:
             req.error(404, f"no such endpoint: {req.path}")

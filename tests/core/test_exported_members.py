@@ -50,7 +50,9 @@ EXPORTS: dict[str, list[str]] = {
     ],
     "cuvil_edge.daemon.main": ["main"],
     "cuvil_edge.daemon.metrics": ["ModelStats", "render_prometheus"],
-    "cuvil_edge.daemon.models": ["ModelEntry", "ModelInstance", "ModelRegistry", "ModelUnavailable", "UnknownModel"],
+    "cuvil_edge.daemon.models": [
+        "ModelEntry", "ModelInstance", "ModelRegistry", "ModelUnavailable", "UnknownModel", "io_bytes_per_item"
+    ],
     "cuvil_edge.daemon.pipeline": [
         "DETECTIONS", "IMAGE_INPUT", "NUM_DETECTIONS", "Pipeline", "TOPK_CLASSES", "TOPK_SCORES", "kernels",
         "top_k"
@@ -61,6 +63,7 @@ EXPORTS: dict[str, list[str]] = {
         "PrefetchDecision", "PressureLevel", "PressureThresholds", "Reservation", "placement_policy"
     ],
     "cuvil_edge.daemon.server": ["STARTUP_FAILURE", "Server", "ServerState"],
+    "cuvil_edge.daemon.state": ["ServerState"],
     "cuvil_edge.daemon.shm": [
         "CUDA_SHM_UNSUPPORTED", "OutputTarget", "SharedMemoryError", "SharedMemoryRegistry", "ShmRegion",
         "shm_params", "shm_route"
