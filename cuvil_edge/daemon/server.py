@@ -152,7 +152,7 @@ class Server:
         self.resources = Resources(config)
         self.registry: ModelRegistry | None = None
         self.app: App | None = None
-        self.shm = SharedMemoryRegistry() if config.shared_memory else None
+        self.shm = SharedMemoryRegistry(max_input_bytes=config.max_body_bytes) if config.shared_memory else None
         self.grpc: Any = None  # GrpcFrontend when gRPC is on
         self.gpu_metrics: GpuMetrics | None = None  # Triton's nv_gpu_* series, with telemetry
         self._servers: list[Acceptor] = []
