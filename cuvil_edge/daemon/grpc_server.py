@@ -66,6 +66,7 @@ from cuvil_edge.runtime.base import datatype_of
 __all__ = ["DEFAULT_GRPC_PORT", "GrpcFrontend", "RpcFailure", "decode_grpc_infer", "grpc_address"]
 
 log = logging.getLogger("cuvil_edge.daemon.grpc")
+access = logging.getLogger("cuvil_edge.daemon.access")  # --access-log
 
 DEFAULT_GRPC_PORT = 8001  # Triton's
 SERVICE = "inference.GRPCInferenceService"
@@ -382,6 +383,8 @@ class GrpcFrontend:
     def count(self, method: str, code: grpc.StatusCode) -> None:
         key = (method, code.name)
         self.calls[key] = self.calls.get(key, 0) + 1
+        if getattr(self.state, "access_log", False):
+            access.info("gRPC %s %s", method, code.name)
 
     def _lookup(self, name: str, version: str) -> ModelInstance:
         try:

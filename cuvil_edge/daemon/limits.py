@@ -34,7 +34,10 @@ __all__ = [
     "finite_json_list",
     "json_depth",
     "loads_limited",
+    "printable",
 ]
+
+MAX_ECHO = 256  # characters of client input an error message or log line repeats, at most
 
 
 @dataclass(frozen=True)
@@ -155,3 +158,16 @@ def bearer_ok(header: bytes | None, token: bytes | None) -> bool:
     if scheme.lower() != b"bearer":
         return False
     return hmac.compare_digest(credential.strip(), token)
+
+
+def printable(value: Any, limit: int = MAX_ECHO) -> str:
+    """``value`` as text for an error message or log line, cut to ``limit`` characters.
+
+    Errors name what the client sent (a path, a shape, a model name) so it can fix it; a client
+    that sends 2 million dimensions must not get a 6 MB message back (gRPC carries it in a
+    trailer, which the client then refuses as too large) nor fill the log.
+    """
+    text = value.decode("latin-1") if isinstance(value, (bytes, bytearray)) else str(value)
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}... ({len(text)} characters)"
