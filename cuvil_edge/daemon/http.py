@@ -39,7 +39,7 @@ from typing import Any
 
 import httptools
 
-from cuvil_edge.daemon.limits import bearer_ok, printable
+from cuvil_edge.daemon.limits import MAX_ERROR, bearer_ok, printable
 
 __all__ = ["HttpProtocol", "Request", "STATUS_LINES", "json_error"]
 
@@ -112,8 +112,8 @@ class Request:
         self.respond(status, payload)
 
     def error(self, status: int, message: str, headers: list[tuple[bytes, bytes]] | None = None) -> None:
-        """Answer ``{"error": message}`` with ``status``."""
-        self.respond(status, json_error(message), _JSON, headers)
+        """Answer ``{"error": message}`` with ``status`` (the message cut to ``MAX_ERROR`` characters)."""
+        self.respond(status, json_error(printable(message, MAX_ERROR)), _JSON, headers)
 
     @property
     def done(self) -> bool:
