@@ -2,9 +2,12 @@
 
 :func:`ensure_engine` gives one device the engine of one bundle:
 
-1. probe the device over SSH and derive its engine key (L4T, TensorRT, SM of its board, DLA core:
-   :func:`~cuvil_edge.bundle.engine_store.key_for_facts`);
-2. pick the bundle's build plan for that key (the host verified the bundle first);
+1. probe the device over SSH (module, L4T, TensorRT, SM of its board:
+   :func:`~cuvil_edge.bundle.engine_store.device_identity`);
+2. pick the bundle's build plan for it (TensorRT, SM, DLA core; the host verified the bundle
+   first) and derive the engine key from both
+   (:func:`~cuvil_edge.bundle.engine_store.key_for_facts`): the key names the module and the
+   plan's digest, so the host cache never hands one module's engine (or timing cache) to another;
 3. if the device's engine store already holds a verified engine for that key and model: nothing
    to do (``present``);
 4. if the host cache (``~/.cache/cuvil-edge/engines``) holds one: upload plan, log and record,
@@ -24,7 +27,6 @@ import asyncio
 import contextlib
 import json
 import re
-import shlex
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -36,16 +38,20 @@ import asyncssh
 from cuvil_edge.bundle.engine_key import EngineKey
 from cuvil_edge.bundle.engine_plan import validate_plan
 from cuvil_edge.bundle.engine_store import (
+    DeviceIdentity,
     EngineError,
     EngineRecord,
     EngineStore,
+    device_identity,
     host_engine_cache,
     key_for_facts,
-    plan_matches_key,
+    plan_matches_device,
     sha256_bytes,
 )
 from cuvil_edge.bundle.layout import StoreLayout
-from cuvil_edge.deploy.transport import DeviceAddress, SSHTransport
+from cuvil_edge.deploy.transport import DeviceAddress
+from cuvil_edge.deploy.transport_base import Transport
+from cuvil_edge.deploy.transports import open_transport
 from cuvil_edge.errors import DeployError
 
 __all__ = ["BundleEngineSource", "EngineOutcome", "choose_plan", "ensure_engine", "ensure_engines"]
@@ -115,14 +121,17 @@ class BundleEngineSource:
         return cls(manifest.name, manifest.version, members[manifest.model], plans)
 
 
-def choose_plan(plans: Sequence[dict[str, Any]], key: EngineKey, label: str = "device") -> dict[str, Any]:
-    """The plan for a device key; DeployError naming what the bundle has otherwise."""
+def choose_plan(plans: Sequence[dict[str, Any]], device: DeviceIdentity, dla_core: int | None = None,
+                label: str = "device") -> dict[str, Any]:
+    """The plan for a device (TensorRT major.minor, SM, DLA core); DeployError naming what the bundle has otherwise."""
     for plan in plans:
-        if plan_matches_key(plan, key):
+        if plan_matches_device(plan, device, dla_core):
             return plan
-    have = ", ".join(sorted({EngineKey.from_dict(p["engine_key"]).slug for p in plans})) or "none"
-    raise DeployError(f"{label}: the bundle has no build plan for this device's key {key.slug} (it has {have}); "
-                      "package for the device's JetPack release")
+    have = ", ".join(sorted({f"TensorRT {p['engine_key']['tensorrt']} SM {p['engine_key']['sm']} DLA "
+                             f"{p['engine_key'].get('dla_core')}" for p in plans})) or "none"
+    raise DeployError(f"{label}: the bundle has no build plan for this device ({device.module}, TensorRT "
+                      f"{device.tensorrt}, SM {device.sm}, DLA {dla_core}; it has {have}); package for the "
+                      "device's JetPack release")
 
 
 async def ensure_engine(
@@ -164,7 +173,7 @@ async def ensure_engine(
     out = EngineOutcome(device=address.label)
     t0 = time.monotonic()
     try:
-        async with SSHTransport(address, connect_timeout) as tr:
+        async with open_transport(address, connect_timeout) as tr:
             await _ensure(tr, source, cache, list(device_cli), builder, dla_core, rebuild, on_line, build_timeout,
                           out, key_locks if key_locks is not None else {})
             if reload and out.ok:
@@ -196,7 +205,7 @@ async def ensure_engines(addresses: Sequence[DeviceAddress], source: BundleEngin
     return list(await asyncio.gather(*(one(a) for a in addresses)))
 
 
-async def _ensure(tr: SSHTransport, source: BundleEngineSource, cache: EngineStore, device_cli: list[str],
+async def _ensure(tr: Transport, source: BundleEngineSource, cache: EngineStore, device_cli: list[str],
                   builder: str | None, dla_core: int | None, rebuild: bool, on_line: LineSink | None,
                   build_timeout: float, out: EngineOutcome, key_locks: dict[str, asyncio.Lock]) -> None:
     from cuvil_edge.deploy.probe import probe_device
@@ -204,10 +213,11 @@ async def _ensure(tr: SSHTransport, source: BundleEngineSource, cache: EngineSto
     label = tr.address.label
     facts = await probe_device(tr)
     try:
-        key = key_for_facts(facts, dla_core)
+        device = device_identity(facts)
     except EngineError as exc:
         raise DeployError(f"{label}: {exc}") from None
-    plan = choose_plan(source.plans, key, label)
+    plan = choose_plan(source.plans, device, dla_core, label)
+    key = key_for_facts(facts, plan)
     model_sha = str(plan["model"]["sha256"])
     if sha256_bytes(source.model) != model_sha:
         raise DeployError(f"{label}: the bundle's model does not hash to its plan's model sha256; repackage")
@@ -234,7 +244,7 @@ async def _ensure(tr: SSHTransport, source: BundleEngineSource, cache: EngineSto
     out.status, out.plan_sha256, out.builder = "uploaded", rec.plan_sha256, rec.builder
 
 
-async def _build_and_fetch(tr: SSHTransport, source: BundleEngineSource, plan: dict[str, Any], key: EngineKey,
+async def _build_and_fetch(tr: Transport, source: BundleEngineSource, plan: dict[str, Any], key: EngineKey,
                            remote: EngineStore, cache: EngineStore, device_cli: list[str], builder: str | None,
                            on_line: LineSink | None, build_timeout: float, out: EngineOutcome) -> None:
     """Build on the device, then download plan, log and timing cache into the host cache."""
@@ -252,7 +262,7 @@ async def _build_and_fetch(tr: SSHTransport, source: BundleEngineSource, plan: d
     out.status, out.plan_sha256, out.builder, out.builds = "built", rec.plan_sha256, rec.builder, 1
 
 
-async def _remote_verified(tr: SSHTransport, remote: EngineStore, key: EngineKey, model_sha: str
+async def _remote_verified(tr: Transport, remote: EngineStore, key: EngineKey, model_sha: str
                            ) -> EngineRecord | None:
     """The device's record for key + model when its plan hashes (on the device) to the record's."""
     raw = await tr.read_bytes(str(remote.record_path(key, model_sha)), 1 << 20)
@@ -270,7 +280,7 @@ async def _remote_verified(tr: SSHTransport, remote: EngineStore, key: EngineKey
     return rec if await tr.sha256(plan_path) == rec.plan_sha256 else None
 
 
-async def _upload(tr: SSHTransport, cache: EngineStore, remote: EngineStore, rec: EngineRecord,
+async def _upload(tr: Transport, cache: EngineStore, remote: EngineStore, rec: EngineRecord,
                   out: EngineOutcome) -> None:
     """Cached engine -> device: plan, log, timing cache, then (sha256 checked there) the record."""
     key, sha = rec.key, rec.model_sha256
@@ -298,7 +308,7 @@ async def _upload(tr: SSHTransport, cache: EngineStore, remote: EngineStore, rec
     out.bytes_sent += len(record)
 
 
-async def _build(tr: SSHTransport, source: BundleEngineSource, plan: dict[str, Any], key: EngineKey,
+async def _build(tr: Transport, source: BundleEngineSource, plan: dict[str, Any], key: EngineKey,
                  remote: EngineStore, device_cli: list[str], builder: str | None, on_line: LineSink | None,
                  build_timeout: float, out: EngineOutcome) -> EngineRecord:
     label = tr.address.label
@@ -316,11 +326,10 @@ async def _build(tr: SSHTransport, source: BundleEngineSource, plan: dict[str, A
                 "--store", tr.address.store_root, "--root", tr.address.root]
         if builder:
             argv += ["--builder", builder]
-        assert tr.conn is not None
         record: EngineRecord | None = None
         tail: list[str] = []
         try:
-            async with tr.conn.create_process(shlex.join(argv), stderr=asyncssh.STDOUT) as proc:
+            async with await tr.process(argv, merge_stderr=True) as proc:
                 async def pump() -> None:
                     nonlocal pgid, record
                     async for raw in proc.stdout:
@@ -363,7 +372,7 @@ async def _build(tr: SSHTransport, source: BundleEngineSource, plan: dict[str, A
             await asyncio.shield(tr.rmtree(work))
 
 
-async def _kill_group(tr: SSHTransport, pgid: int | None) -> None:
+async def _kill_group(tr: Transport, pgid: int | None) -> None:
     """Stop the device build: SIGTERM to its process group (the CLI and the builder it runs)."""
     if pgid is None or pgid <= 1:
         return
@@ -371,7 +380,7 @@ async def _kill_group(tr: SSHTransport, pgid: int | None) -> None:
         await tr.run(["kill", "-TERM", "--", f"-{pgid}"], timeout=15)
 
 
-async def _reload(tr: SSHTransport, source: BundleEngineSource, token: str | None) -> bool:
+async def _reload(tr: Transport, source: BundleEngineSource, token: str | None) -> bool:
     """Ask the daemon to reload the model when the device serves this bundle (picks the engine up)."""
     from cuvil_edge.deploy.health import daemon_load
     from cuvil_edge.deploy.layout import DeviceStore

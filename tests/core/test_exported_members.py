@@ -27,8 +27,8 @@ EXPORTS: dict[str, list[str]] = {
         "TargetError", "TelemetryError", "__version__"
     ],
     "cuvil_edge.bundle.engine_store": [
-        "EngineError", "EngineRecord", "EngineStore", "RECORD_FORMAT", "host_engine_cache", "key_for_facts",
-        "plan_matches_key", "sha256_bytes", "sha256_file"
+        "DeviceIdentity", "EngineError", "EngineRecord", "EngineStore", "RECORD_FORMAT", "device_identity",
+        "host_engine_cache", "key_for_facts", "plan_matches_device", "sha256_bytes", "sha256_file"
     ],
     "cuvil_edge.daemon.accept": [
         "Acceptor", "BUSY_ANSWER", "FULL_ANSWER", "connection_cap", "listen_tcp", "listen_unix"
@@ -40,18 +40,20 @@ EXPORTS: dict[str, list[str]] = {
         "DEFAULT_GRPC_PORT", "GrpcFrontend", "RpcFailure", "decode_grpc_infer", "grpc_address"
     ],
     "cuvil_edge.daemon.http": ["HttpProtocol", "Request", "STATUS_LINES", "json_error"],
-    "cuvil_edge.daemon.kserve": [
-        "App", "BadRequest", "EXTENSIONS", "MemoryRefused", "decode_infer", "model_config_doc",
-        "model_metadata_doc"
+    "cuvil_edge.daemon.infer": [
+        "BadRequest", "InferenceCore", "MemoryRefused", "Outcome", "Refusal", "batch_key", "check_input_header",
+        "classify", "complete_inputs", "serialize_bytes"
     ],
+    "cuvil_edge.daemon.kserve": ["App", "EXTENSIONS", "decode_infer", "model_config_doc", "model_metadata_doc"],
     "cuvil_edge.daemon.limits": [
         "JsonRefused", "Limits", "bearer_ok", "finite_json_list", "json_depth", "loads_limited"
     ],
     "cuvil_edge.daemon.main": ["main"],
     "cuvil_edge.daemon.metrics": ["ModelStats", "render_prometheus"],
-    "cuvil_edge.daemon.models": ["ModelEntry", "ModelInstance", "ModelRegistry", "UnknownModel"],
+    "cuvil_edge.daemon.models": ["ModelEntry", "ModelInstance", "ModelRegistry", "ModelUnavailable", "UnknownModel"],
     "cuvil_edge.daemon.pipeline": [
-        "DETECTIONS", "IMAGE_INPUT", "NUM_DETECTIONS", "Pipeline", "TOPK_CLASSES", "TOPK_SCORES", "kernels"
+        "DETECTIONS", "IMAGE_INPUT", "NUM_DETECTIONS", "Pipeline", "TOPK_CLASSES", "TOPK_SCORES", "kernels",
+        "top_k"
     ],
     "cuvil_edge.daemon.resources": ["Resources"],
     "cuvil_edge.daemon.scheduler": [
@@ -69,9 +71,10 @@ EXPORTS: dict[str, list[str]] = {
     ],
     "cuvil_edge.deploy": [
         "DeployOptions", "DeviceAddress", "DeviceBusy", "DeviceFacts", "DeviceResult", "FleetReport",
-        "IncompatibleDevice", "InstallResult", "PreparedBundle", "RolloutPolicy", "SSHTransport", "Unreachable",
-        "check_compatible", "deploy_device", "device_status", "install_daemon", "load_inventory",
-        "parse_address", "prepare_bundle", "probe_device", "rollback_device", "rollout", "run_sync"
+        "IncompatibleDevice", "InstallResult", "LocalTransport", "PreparedBundle", "RolloutPolicy", "SSHTransport",
+        "TRANSPORTS", "Transport", "Unreachable", "check_compatible", "deploy_device", "device_status",
+        "install_daemon", "load_inventory", "open_transport", "parse_address", "prepare_bundle", "probe_device",
+        "rollback_device", "rollout", "run_sync", "select_devices",
     ],
     "cuvil_edge.deploy.engines": [
         "BundleEngineSource", "EngineOutcome", "choose_plan", "ensure_engine", "ensure_engines"
@@ -84,7 +87,7 @@ EXPORTS: dict[str, list[str]] = {
     "cuvil_edge.packager.engine_build": ["EngineFromOnnx", "build_engine"],
     "cuvil_edge.packager.engine_device": ["BUILDERS", "BuildStopped", "RECORD_PREFIX", "build_into_store"],
     "cuvil_edge.packager.engine_plan": [
-        "PlanRequest", "make_build_plan", "make_build_plans", "plan_member_name", "workspace_bytes"
+        "PlanRequest", "make_build_plan", "make_build_plans", "plan_member_name", "trtexec_command", "workspace_bytes"
     ],
     "cuvil_edge.packager.engine_standin": ["STANDIN_MAGIC", "main", "read_standin_plan", "standin_plan_bytes"],
     "cuvil_edge.packager.inspect": [
