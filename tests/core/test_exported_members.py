@@ -46,7 +46,8 @@ EXPORTS: dict[str, list[str]] = {
     ],
     "cuvil_edge.daemon.kserve": ["App", "EXTENSIONS", "decode_infer", "model_config_doc", "model_metadata_doc"],
     "cuvil_edge.daemon.limits": [
-        "JsonRefused", "Limits", "bearer_ok", "finite_json_list", "json_depth", "loads_limited"
+        "JsonRefused", "Limits", "MAX_ECHO", "MAX_ERROR", "answer_bytes", "bearer_ok", "finite_json_list",
+        "json_depth", "loads_limited", "printable",
     ],
     "cuvil_edge.daemon.main": ["main"],
     "cuvil_edge.daemon.metrics": ["ModelStats", "render_prometheus"],
