@@ -18,9 +18,17 @@ import copy
 
 import onnx
 
-__all__ = ["float_nodes_except", "with_float_nodes"]
+__all__ = ["float_nodes_except", "node_reads", "quantized_nodes", "with_float_nodes"]
 
 _QDQ = ("QuantizeLinear", "DequantizeLinear")
+
+
+def quantized_nodes(quantized: onnx.ModelProto) -> list[str]:
+    """Computing nodes of ``quantized`` that read a DequantizeLinear's output: the nodes quantization
+    touched (whatever their op type), which the mixed search may return to float, in graph order."""
+    dq_out = {o for n in quantized.graph.node if n.op_type == "DequantizeLinear" for o in n.output}
+    return [n.name for n in quantized.graph.node
+            if n.op_type not in _QDQ and n.name and any(i in dq_out for i in n.input)]
 
 
 def float_nodes_except(quantized: onnx.ModelProto, keep: list[str]) -> set[str]:
@@ -89,12 +97,25 @@ def _bypass_output_qdq(model: onnx.ModelProto, names: set[str]) -> None:
         dq.output[0] = ""
 
 
+def node_reads(node: onnx.NodeProto) -> set[str]:
+    """Every name ``node`` reads: its inputs and, through If/Loop/Scan bodies, the outer-scope names
+    those subgraphs use (a branch reading a tensor of the main graph keeps its producer alive)."""
+    names = {i for i in node.input if i}
+    for attr in node.attribute:
+        for g in ([attr.g] if attr.HasField("g") else []) + list(attr.graphs):
+            inner = {o for n in g.node for o in n.output} | {i.name for i in g.input} | {i.name for i in g.initializer}
+            for n in g.node:
+                names |= node_reads(n) - inner
+            names |= {o.name for o in g.output} - inner
+    return names
+
+
 def _prune(model: onnx.ModelProto) -> None:
     """Drop nodes none of whose outputs is read (or is a graph output), then unread initializers."""
     graph = model.graph
     outputs = {o.name for o in graph.output}
     while True:
-        read = {i for n in graph.node for i in n.input} | outputs
+        read = {i for n in graph.node for i in node_reads(n)} | outputs
         dead = [n for n in graph.node if not any(o in read for o in n.output if o)]
         if not dead:
             break
@@ -102,7 +123,7 @@ def _prune(model: onnx.ModelProto) -> None:
         keep = [n for n in graph.node if id(n) not in ids]
         del graph.node[:]
         graph.node.extend(keep)
-    read = {i for n in graph.node for i in n.input} | outputs
+    read = {i for n in graph.node for i in node_reads(n)} | outputs
     inits = [i for i in graph.initializer if i.name in read]
     del graph.initializer[:]
     graph.initializer.extend(inits)
