@@ -18,7 +18,7 @@ import copy
 
 import onnx
 
-__all__ = ["float_nodes_except", "node_reads", "quantized_nodes", "with_float_nodes"]
+__all__ = ["float_nodes_except", "node_reads", "quantized_nodes", "sort_topologically", "with_float_nodes"]
 
 _QDQ = ("QuantizeLinear", "DequantizeLinear")
 
@@ -70,7 +70,7 @@ def with_float_nodes(quantized: onnx.ModelProto, float_model: onnx.ModelProto, n
                 node.input[i] = name
     _bypass_output_qdq(out, names)
     _prune(out)
-    return out
+    return sort_topologically(out)
 
 
 def _bypass_output_qdq(model: onnx.ModelProto, names: set[str]) -> None:
@@ -127,3 +127,38 @@ def _prune(model: onnx.ModelProto) -> None:
     inits = [i for i in graph.initializer if i.name in read]
     del graph.initializer[:]
     graph.initializer.extend(inits)
+
+
+def sort_topologically(model: onnx.ModelProto) -> onnx.ModelProto:
+    """``model`` with its nodes in an order where each comes after the producers of what it reads.
+
+    ONNX Runtime's ``convert_float_to_float16(keep_io_types=True)`` appends the input Casts at the
+    end of the graph: ONNX Runtime sorts on load, but ``onnx.checker`` (and so ``cuvil-edge
+    validate``) refuses such a graph. The sort is stable: already ordered graphs are unchanged.
+    """
+    graph = model.graph
+    known = {i.name for i in graph.input} | {i.name for i in graph.initializer} | {""}
+    producers = {o: idx for idx, n in enumerate(graph.node) for o in n.output}
+    pending = list(enumerate(graph.node))
+    ordered: list[onnx.NodeProto] = []
+    while pending:
+        rest = []
+        for idx, node in pending:
+            needs = {r for r in node_reads(node) if r in producers}
+            if needs <= known:
+                ordered.append(node)
+                known.update(node.output)
+            else:
+                rest.append((idx, node))
+        if len(rest) == len(pending):  # a cycle or a name nobody produces: leave the rest as it was
+            ordered.extend(n for _, n in rest)
+            break
+        pending = rest
+    if [id(n) for n in ordered] == [id(n) for n in graph.node]:
+        return model
+    nodes = [onnx.NodeProto() for _ in ordered]
+    for dst, src in zip(nodes, ordered, strict=True):
+        dst.CopyFrom(src)
+    del graph.node[:]
+    graph.node.extend(nodes)
+    return model

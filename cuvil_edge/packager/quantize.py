@@ -37,7 +37,12 @@ from cuvil_edge.packager.calibrate import collect_ranges
 from cuvil_edge.packager.data import Dataset
 from cuvil_edge.packager.emulate import emulate_fp16
 from cuvil_edge.packager.load import upgrade_opset
-from cuvil_edge.packager.partial_quant import float_nodes_except, quantized_nodes, with_float_nodes
+from cuvil_edge.packager.partial_quant import (
+    float_nodes_except,
+    quantized_nodes,
+    sort_topologically,
+    with_float_nodes,
+)
 from cuvil_edge.packager.validate import compare_outputs, goal_failures, make_session, run_model
 from cuvil_edge.recipes import AccuracyGoal
 
@@ -63,43 +68,6 @@ def convert_fp16(model: onnx.ModelProto) -> onnx.ModelProto:
     from onnxruntime.transformers.float16 import convert_float_to_float16
 
     return sort_topologically(convert_float_to_float16(model, keep_io_types=True, disable_shape_infer=False))
-
-
-def sort_topologically(model: onnx.ModelProto) -> onnx.ModelProto:
-    """``model`` with its nodes in an order where each comes after the producers of what it reads.
-
-    ONNX Runtime's ``convert_float_to_float16(keep_io_types=True)`` appends the input Casts at the
-    end of the graph: ONNX Runtime sorts on load, but ``onnx.checker`` (and so ``cuvil-edge
-    validate``) refuses such a graph. The sort is stable: already ordered graphs are unchanged.
-    """
-    from cuvil_edge.packager.partial_quant import node_reads
-
-    graph = model.graph
-    known = {i.name for i in graph.input} | {i.name for i in graph.initializer} | {""}
-    producers = {o: idx for idx, n in enumerate(graph.node) for o in n.output}
-    pending = list(enumerate(graph.node))
-    ordered: list[onnx.NodeProto] = []
-    while pending:
-        rest = []
-        for idx, node in pending:
-            needs = {r for r in node_reads(node) if r in producers}
-            if needs <= known:
-                ordered.append(node)
-                known.update(node.output)
-            else:
-                rest.append((idx, node))
-        if len(rest) == len(pending):  # a cycle or a name nobody produces: leave the rest as it was
-            ordered.extend(n for _, n in rest)
-            break
-        pending = rest
-    if [id(n) for n in ordered] == [id(n) for n in graph.node]:
-        return model
-    nodes = [onnx.NodeProto() for _ in ordered]
-    for dst, src in zip(nodes, ordered, strict=True):
-        dst.CopyFrom(src)
-    del graph.node[:]
-    graph.node.extend(nodes)
-    return model
 
 
 def name_unnamed_nodes(model: onnx.ModelProto) -> onnx.ModelProto:
@@ -387,7 +355,9 @@ class Quantizer:
             )
         except Exception as exc:  # onnxruntime's quantizer raises assorted untyped errors
             raise QuantizationError(f"quantization failed: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from exc
-        model = onnx.load(str(out))
+        # ONNX Runtime's quantizer orders nodes ignoring what If/Loop bodies read from the main
+        # graph: a branch may come before its input's producer, which onnx.checker refuses.
+        model = sort_topologically(onnx.load(str(out)))
         if self.bias_correction and self._bias_reference is not None:
             self.corrected = correct_biases(model, *self._bias_reference)
         if self.runtime_format == "tensorrt" and not symmetric_zero_points(model):
