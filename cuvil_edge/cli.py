@@ -1,7 +1,12 @@
 """The ``cuvil-edge`` command line. Each command is a thin call into one module.
 
 Command groups live beside the code they drive (``packager/cli.py``, ``deploy/cli.py``, ...) and
-register themselves here through ``register(app)``; every option also reads ``CUVIL_EDGE_<NAME>``.
+register themselves here through ``register(app)``. Every option reads two environment variables,
+by one rule applied here to every command (:func:`env_names`, so a new option needs no ``envvar=``):
+``CUVIL_EDGE_<COMMAND>_<NAME>`` first, then ``CUVIL_EDGE_<NAME>``, where ``<COMMAND>`` is the
+command's path (``engine build`` -> ``ENGINE_BUILD``) and ``<NAME>`` the option's long flag
+(``--known-hosts`` -> ``KNOWN_HOSTS``). ``CUVIL_EDGE_IDENTITY`` thus serves every command that
+takes ``--identity``; ``CUVIL_EDGE_DEPLOY_IDENTITY`` only ``deploy``.
 Errors a user can cause end in one line on stderr and exit 1; startup failures exit 3.
 """
 
@@ -10,15 +15,21 @@ from __future__ import annotations
 import importlib
 import json
 import sys
+from collections.abc import Iterator, Sequence
+from pathlib import PurePath
+from typing import Any
 
 import typer
+import typer.main
 from rich.markup import escape
 from rich.table import Table
 
 from cuvil_edge._console import console, err_console, id_column, print_table
 from cuvil_edge.errors import CuvilEdgeError
 
-__all__ = ["app", "main", "console", "err_console"]
+__all__ = ["ENV_PREFIX", "app", "build_command", "console", "env_names", "err_console", "main", "walk_commands"]
+
+ENV_PREFIX = "CUVIL_EDGE"
 
 app = typer.Typer(
     name="cuvil-edge",
@@ -26,7 +37,6 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
-    context_settings={"auto_envvar_prefix": "CUVIL_EDGE"},
 )
 
 # Modules that add commands with ``register(app)``. Order is the order in --help.
@@ -86,11 +96,47 @@ def _register_all() -> None:
 _register_all()
 
 
+def env_names(command_path: Sequence[str], option: Any) -> list[str]:
+    """The environment variables an option reads, most specific first (the rule in the module docstring).
+
+    Args:
+        command_path (Sequence[str]): the command's names below ``cuvil-edge`` (``("engine", "build")``).
+        option: the click option (its first ``--long`` flag names it).
+    """
+    flag = next((o for o in option.opts if o.startswith("--")), option.opts[0])
+    name = flag.lstrip("-").upper().replace("-", "_")
+    scope = "_".join(part.upper().replace("-", "_") for part in command_path)
+    return [f"{ENV_PREFIX}_{scope}_{name}", f"{ENV_PREFIX}_{name}"] if scope else [f"{ENV_PREFIX}_{name}"]
+
+
+def walk_commands(command: Any, path: tuple[str, ...] = ()) -> Iterator[tuple[tuple[str, ...], Any]]:
+    """Every command under ``command`` (itself first) with its path of names."""
+    yield path, command
+    for name, sub in sorted(getattr(command, "commands", {}).items()):
+        yield from walk_commands(sub, (*path, name))
+
+
+def build_command() -> Any:
+    """The click command of :data:`app` with the promises the CLI keeps applied to every option:
+    the environment rule (:func:`env_names`) and defaults shown as a user writes them (a path as
+    ``cuvil-demo``, not ``PosixPath('cuvil-demo')``)."""
+    root = typer.main.get_command(app)
+    for path, command in walk_commands(root):
+        for param in command.params:
+            if param.param_type_name != "option":
+                continue
+            param.envvar = env_names(path, param)
+            param.show_envvar = True
+            if isinstance(param.default, PurePath):
+                param.default = str(param.default)  # converted back to a Path like a typed value
+    return root
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI; user errors become one line and exit 1 instead of a traceback."""
     try:
         # In non-standalone mode click returns a typer.Exit's code instead of raising it.
-        rc = app(args=argv, standalone_mode=False)
+        rc = build_command().main(args=argv, prog_name="cuvil-edge", standalone_mode=False)
         if isinstance(rc, int) and not isinstance(rc, bool):
             return rc
     except CuvilEdgeError as exc:

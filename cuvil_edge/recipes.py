@@ -14,13 +14,34 @@ from cuvil_edge._toml import TOMLDecodeError, load_toml
 from cuvil_edge.errors import RecipeError
 from cuvil_edge.targets import get_target
 
-__all__ = ["AccuracyGoal", "Recipe", "check_input_shapes", "input_shape_from_text", "load_recipe",
-           "preprocess_from_text", "recipe_from_dict"]
+__all__ = ["CALIBRATION_METHODS", "PRECISIONS", "QUANTIZERS", "AccuracyGoal", "Recipe", "check_input_shapes", "choices",
+           "input_shape_from_text", "load_recipe", "preprocess_from_text", "recipe_from_dict"]
 
 PRECISIONS = ("fp32", "fp16", "int8", "mixed")
 _PRE_KINDS = ("image", "none")
 _POST_KINDS = ("classification", "detection", "segmentation", "none")
-_CALIB_METHODS = ("minmax", "percentile", "entropy")
+
+# One table per vocabulary (uvicorn's LOOP_SETUPS): a name and what it means. The recipe parser, the
+# CLI's help and choices, the docs check (tests/core/test_vocabularies.py) and the packager's dispatch
+# (``packager/calibrate.py`` RANGE_METHODS, ``packager/package.py`` QUANTIZER_STEPS) all read these keys,
+# so a new method is one entry here plus its implementation there.
+CALIBRATION_METHODS: dict[str, str] = {
+    "percentile": "the 99.99th percentile of |x| (default: best of 99.9/99.99/99.995/99.999/mse on "
+                  "EfficientNet-Lite0)",
+    "mse": "the clipping threshold of least expected squared quantization error",
+    "minmax": "the observed minimum and maximum",
+    "entropy": "TensorRT's KL-divergence threshold on 128 bins",
+}
+QUANTIZERS: dict[str, str] = {
+    "cuvil": "cuvil-edge's calibration ranges through ONNX Runtime's quantizer (every board)",
+    "modelopt": "NVIDIA Model Optimizer's INT8 (TensorRT boards, int8 only; the modelopt extra)",
+}
+
+
+def choices(table: dict[str, str]) -> str:
+    """The keys of a vocabulary as a user reads them: ``"a, b or c"``."""
+    names = list(table)
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} or {names[-1]}"
 
 
 @dataclass(frozen=True)
@@ -304,8 +325,8 @@ def recipe_from_dict(data: dict[str, Any], where: str = "recipe", base: Path | N
     except Exception as exc:
         raise RecipeError(f"{where}: [target] board: {exc}") from None
     method = _get(calib, "method", str, f"{where} [calibration]", "percentile")
-    if method not in _CALIB_METHODS:
-        raise RecipeError(f"{where}: [calibration] method must be one of {_CALIB_METHODS}")
+    if method not in CALIBRATION_METHODS:
+        raise RecipeError(f"{where}: [calibration] method must be {choices(CALIBRATION_METHODS)}, got '{method}'")
     goal_fields = set(AccuracyGoal.__dataclass_fields__)
     bad = sorted(set(acc) - goal_fields)
     if bad:

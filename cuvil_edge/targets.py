@@ -30,10 +30,19 @@ class JetPackRelease:
     l4t: str
     tensorrt: str
     cuda: str
+    python: str = ""  # the system Python of the release (TensorRT's apt bindings are built for it)
 
     @property
     def tensorrt_major(self) -> int:
         return int(self.tensorrt.split(".")[0])
+
+    @property
+    def package_only(self) -> bool:
+        """True when cuvil-edge cannot run on the board itself: its Python is older than 3.10
+        (JetPack 4 and 5), so bundles are packaged for it but the engine is built by hand with
+        the plan's ``trtexec`` command line."""
+        parts = [int(p) for p in self.python.split(".")[:2] if p.isdigit()]
+        return bool(parts) and tuple(parts) < (3, 10)
 
 
 @dataclass(frozen=True)
@@ -77,10 +86,21 @@ class Target:
     device_tree_model: str = field(default="", compare=False)  # in /proc/device-tree/model
     device_tree_min_ram_mb: int = field(default=0, compare=False)  # picks between variants of one model
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
+    gpu_sm_count: int = 0  # streaming multiprocessors: CUDA cores / cores per SM (128 Ampere/Blackwell, 64 Volta)
 
     @property
     def has_gpu(self) -> bool:
         return bool(self.gpu_sm)
+
+    @property
+    def module(self) -> str:
+        """The module an engine is built for: device-tree model, SM count and memory
+        (``orin-nano-8sm-8gb``). TensorRT tunes kernels to the SM count and sizes tactics to
+        memory, so two modules of one SM version (Orin Nano 8GB, AGX Orin 64GB) get different
+        engines (see :class:`cuvil_edge.bundle.engine_key.EngineKey`)."""
+        base = "-".join((self.device_tree_model or self.name).lower().split())
+        ram = f"{self.ram_gb:g}".replace(".", "p")
+        return f"{base}-{self.gpu_sm_count}sm-{ram}gb"
 
     @property
     def runtime_format(self) -> str:
@@ -159,7 +179,8 @@ def _figures(board: str, raw: Any) -> BoardFigures | None:
 def _parse(data: dict[str, Any]) -> dict[str, Target]:
     releases: dict[str, JetPackRelease] = {}
     for jp, raw in data.get("jetpack", {}).items():
-        releases[jp] = JetPackRelease(jp, str(raw["l4t"]), str(raw["tensorrt"]), str(raw["cuda"]))
+        releases[jp] = JetPackRelease(jp, str(raw["l4t"]), str(raw["tensorrt"]), str(raw["cuda"]),
+                                      str(raw.get("python", "")))
     targets: dict[str, Target] = {}
     for name, raw in data.get("boards", {}).items():
         isa = tuple(_require(name, raw, "isa", list))
@@ -194,7 +215,10 @@ def _parse(data: dict[str, Any]) -> dict[str, Target]:
             figures=_figures(name, raw.get("clocks_power")),
             device_tree_model=str(raw.get("device_tree_model", "")),
             device_tree_min_ram_mb=int(raw.get("device_tree_min_ram_mb", 0)),
+            gpu_sm_count=int(raw.get("gpu_sm_count", 0)),
         )
+        if targets[name].has_gpu and targets[name].gpu_sm_count <= 0:
+            raise TargetError(f"targets.toml: board '{name}' has a GPU but no 'gpu_sm_count'")
     return targets
 
 

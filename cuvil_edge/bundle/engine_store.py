@@ -19,9 +19,11 @@ the bundle with ONNX Runtime and says why.
 This layout is a host-device contract, so it lives in the bundle package, below the packager,
 deploy and the runtime (none of them import each other for it).
 
-:func:`key_for_facts` is the one place where a device's facts (L4T, TensorRT, SM of its board
-profile, DLA core) become an :class:`~cuvil_edge.bundle.engine_key.EngineKey`: the host (over SSH),
-the device's builder and the daemon all call it.
+:func:`key_for_facts` is the one place where a device's facts (module, L4T, TensorRT, SM of its
+board profile) and a build plan (DLA core, plan digest) become an
+:class:`~cuvil_edge.bundle.engine_key.EngineKey`: the host (over SSH), the device's builder and the
+daemon all call it. The timing cache sits in the key's directory, so it is keyed the same way: an
+Orin Nano's cache never reaches an AGX Orin.
 """
 
 from __future__ import annotations
@@ -38,17 +40,19 @@ from typing import Any
 
 from cuvil_edge._atomic import atomic_write_bytes, atomic_write_text
 from cuvil_edge._cache import cache_dir
-from cuvil_edge.bundle.engine_key import EngineKey, engine_cache_key
+from cuvil_edge.bundle.engine_key import EngineKey, engine_cache_key, major_minor, plan_digest
 from cuvil_edge.errors import ModelError
 
 __all__ = [
     "RECORD_FORMAT",
     "EngineError",
     "EngineRecord",
+    "DeviceIdentity",
     "EngineStore",
+    "device_identity",
     "host_engine_cache",
     "key_for_facts",
-    "plan_matches_key",
+    "plan_matches_device",
     "sha256_bytes",
     "sha256_file",
 ]
@@ -73,12 +77,21 @@ def sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
-def key_for_facts(facts: Any, dla_core: int | None = None, tensorrt: str | None = None) -> EngineKey:
-    """The engine key of a device from its facts (``cuvil_edge.deploy.probe.DeviceFacts``).
+@dataclass(frozen=True)
+class DeviceIdentity:
+    """What a device contributes to an engine key: its module, L4T, TensorRT and GPU SM."""
+
+    module: str
+    l4t: str
+    tensorrt: str
+    sm: str
+
+
+def device_identity(facts: Any, tensorrt: str | None = None) -> DeviceIdentity:
+    """A device's part of its engine keys, from its facts (``cuvil_edge.deploy.probe.DeviceFacts``).
 
     Args:
         facts: the device's facts (``l4t``, ``tensorrt``, ``profile``).
-        dla_core (int | None): the DLA core engines run on, None for the GPU. Defaults to None.
         tensorrt (str | None): the TensorRT version actually importable, when it is known and may
             differ from the dpkg package (a pip-installed TensorRT). Defaults to the facts'.
 
@@ -90,25 +103,49 @@ def key_for_facts(facts: Any, dla_core: int | None = None, tensorrt: str | None 
     trt = tensorrt or getattr(facts, "tensorrt", None)
     l4t = getattr(facts, "l4t", None)
     profile = getattr(facts, "profile", None)
-    sm = ""
+    target = None
     if profile:
         try:
-            sm = get_target(profile).gpu_sm
+            target = get_target(profile)
         except Exception:  # noqa: BLE001 - an unknown profile has no SM we can name
-            sm = ""
-    if not l4t or not trt or not sm:
+            target = None
+    sm = target.gpu_sm if target is not None else ""
+    if not l4t or not trt or not sm or target is None:
         raise EngineError(f"no engine key for this device: L4T {l4t or 'none'}, TensorRT {trt or 'none'}, "
                           f"GPU SM {sm or 'none'} (board profile {profile or 'unknown'}); engines need a Jetson "
                           "with JetPack's TensorRT")
-    parts = trt.split(".")
-    return engine_cache_key(l4t, ".".join(parts[:3]), sm, dla_core)
+    return DeviceIdentity(target.module, str(l4t), ".".join(str(trt).split(".")[:3]), sm)
 
 
-def plan_matches_key(plan: Mapping[str, Any], key: EngineKey) -> bool:
-    """Whether a build plan is for this key: same TensorRT version, SM and DLA core."""
+def plan_matches_device(plan: Mapping[str, Any], device: DeviceIdentity, dla_core: int | None = None) -> bool:
+    """Whether a build plan can be built on this device: same TensorRT major.minor, SM and DLA core.
+
+    The module is not compared: a plan made for one Orin module builds on another (the engine key
+    then names the module it was built on).
+    """
     pkey = plan.get("engine_key") or {}
-    return (str(pkey.get("tensorrt")) == key.tensorrt and str(pkey.get("sm")) == key.sm
-            and pkey.get("dla_core") == key.dla_core)
+    return (major_minor(str(pkey.get("tensorrt"))) == major_minor(device.tensorrt)
+            and str(pkey.get("sm")) == device.sm and pkey.get("dla_core") == dla_core)
+
+
+def key_for_facts(facts: Any, plan: Mapping[str, Any], tensorrt: str | None = None) -> EngineKey:
+    """The key of the engine this device builds (or serves) from ``plan``.
+
+    The one place where a device's facts become an :class:`EngineKey`: module, L4T, TensorRT and
+    SM from the device (:func:`device_identity`), DLA core and plan digest from the plan, so an
+    engine made for another module or another plan is never looked up under this key.
+
+    Args:
+        facts: the device's facts.
+        plan (Mapping[str, Any]): the bundle's build plan for this device.
+        tensorrt (str | None): see :func:`device_identity`.
+
+    Raises:
+        EngineError: no key for this device (see :func:`device_identity`).
+    """
+    ident = device_identity(facts, tensorrt)
+    core = (plan.get("dla") or {}).get("core")
+    return engine_cache_key(ident.module, ident.l4t, ident.tensorrt, ident.sm, core, plan_digest(plan))
 
 
 @dataclass

@@ -196,8 +196,13 @@ def build_parser(prog: str = "cuvil-edged") -> argparse.ArgumentParser:
         default = getattr(Config(), name)
         env = ENV_PREFIX + name.upper()
         parser.add_argument(flag, dest=name, default=None, metavar=name.upper(),
-                            help=f"{help_text} [env {env}; default {default!r}]")
+                            help=f"{help_text} [env {env}; default {_shown(default)}]")
     return parser
+
+
+def _shown(default: object) -> str:
+    """A default as a user would type it: ``/var/lib/cuvil-edge``, not ``PosixPath('/var/lib/cuvil-edge')``."""
+    return "unset" if default is None else str(default)
 
 
 def load(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> Config:

@@ -206,12 +206,12 @@ class Resources:
             self.scheduler.on_level_change(self._reload_after_pressure)
         if cfg.telemetry:
             try:
-                from cuvil_edge.telemetry import TelemetryMonitor, expand_spec
+                from cuvil_edge.telemetry import TelemetryMonitor, check_spec, expand_spec
             except ImportError as exc:
                 raise DaemonError(f"--telemetry {cfg.telemetry}: telemetry is not available: {exc}") from exc
             try:
                 for item in expand_spec(cfg.telemetry):
-                    self._check_spec(item)
+                    check_spec(item)  # a spec that can never work: the monitor would retry it forever
                 self.monitor = TelemetryMonitor(cfg.telemetry, interval_s=max(0.1, min(1.0, cfg.tick)))
             except CuvilEdgeError as exc:
                 raise DaemonError(f"--telemetry {cfg.telemetry!r}: {exc}") from exc
@@ -233,21 +233,6 @@ class Resources:
         if not os.path.exists("/proc/meminfo"):
             return None
         return kernel
-
-    @staticmethod
-    def _check_spec(item: str) -> None:
-        """Refuse a spec that can never work (the monitor would retry it forever)."""
-        kind, _, arg = item.partition(":")
-        if kind not in ("tegrastats", "jtop", "sysfs", "replay", "sim"):
-            raise DaemonError(f"unknown telemetry source {item!r}; use auto, tegrastats[:PATH], jtop, "
-                              "sysfs[:ROOT], replay:FILE[@SPEED] or sim:BOARD[@SPEED]")
-        name = arg.rpartition("@")[0] if "@" in arg else arg
-        if kind == "replay" and not Path(name).is_file():
-            raise DaemonError(f"telemetry log {name!r} does not exist (replay:FILE[@SPEED])")
-        if kind == "sim" and name:
-            from cuvil_edge.targets import get_target
-
-            get_target(name)
 
     def bind(self, registry: Any) -> None:
         """Give the ladder access to the registry (for UNLOAD_LRU)."""

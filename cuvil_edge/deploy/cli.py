@@ -14,36 +14,29 @@ from cuvil_edge._console import print_table
 
 __all__ = ["register"]
 
-_ENV = "CUVIL_EDGE_"
 OUTCOME_STATUSES = ("deployed", "unchanged", "rolled-back", "refused", "unreachable", "failed", "skipped")
 
 
-def _opt(default: Any, *flags: str, help: str, env: str | None = None, **kw: Any) -> Any:  # noqa: A002
-    return typer.Option(default, *flags, help=help, envvar=(_ENV + env) if env else None, **kw)
+def _opt(default: Any, *flags: str, help: str, **kw: Any) -> Any:  # noqa: A002
+    """An option; the environment variables it reads come from the one rule in ``cuvil_edge/cli.py``."""
+    return typer.Option(default, *flags, help=help, **kw)
 
 
-TO = _opt(None, "--to", help="Device as \\[user@]host\\[:port]; repeat for several.", env="TO")
-INVENTORY = _opt(None, "--inventory", help="TOML inventory of devices (\\[\\[device]] tables with address = ...).",
-                 env="INVENTORY")
-IDENTITY = _opt(None, "--identity", "-i", help="SSH private key.", env="IDENTITY")
-KNOWN_HOSTS = _opt(None, "--known-hosts", help="known_hosts file. Defaults to ~/.ssh/known_hosts.",
-                   env="KNOWN_HOSTS")
-NO_HOST_KEY_CHECK = _opt(False, "--no-host-key-check", help="Accept any host key (insecure; labs only).",
-                         env="NO_HOST_KEY_CHECK")
-ROOT = _opt(None, "--root", help="Device system root where facts and units live. Defaults to /.",
-            env="DEVICE_ROOT")
-STORE = _opt(None, "--store", help="Bundle store on the device. Defaults to <root>/var/lib/cuvil-edge.",
-             env="STORE")
-DAEMON_PORT = _opt(None, "--daemon-port", help="Daemon HTTP port on the device's loopback. Defaults to 8000.",
-                   env="DAEMON_PORT")
-DAEMON_TOKEN = _opt(None, "--daemon-token", help="Bearer token of the daemon.", env="DAEMON_TOKEN")
-CONNECT_TIMEOUT = _opt(15.0, "--connect-timeout", help="SSH connect timeout, seconds.", env="CONNECT_TIMEOUT")
-HEALTH_TIMEOUT = _opt(60.0, "--health-timeout", help="Seconds the health gate may take.", env="HEALTH_TIMEOUT")
+TO = _opt(None, "--to", help="Device as \\[user@]host\\[:port]; repeat for several.")
+INVENTORY = _opt(None, "--inventory", help="TOML inventory of devices (\\[\\[device]] tables with address = ...).")
+IDENTITY = _opt(None, "--identity", "-i", help="SSH private key.")
+KNOWN_HOSTS = _opt(None, "--known-hosts", help="known_hosts file. Defaults to ~/.ssh/known_hosts.")
+NO_HOST_KEY_CHECK = _opt(False, "--no-host-key-check", help="Accept any host key (insecure; labs only).")
+ROOT = _opt(None, "--root", help="Device system root where facts and units live. Defaults to /.")
+STORE = _opt(None, "--store", help="Bundle store on the device. Defaults to <root>/var/lib/cuvil-edge.")
+DAEMON_PORT = _opt(None, "--daemon-port", help="Daemon HTTP port on the device's loopback. Defaults to 8000.")
+DAEMON_TOKEN = _opt(None, "--daemon-token", help="Bearer token of the daemon.")
+CONNECT_TIMEOUT = _opt(15.0, "--connect-timeout", help="SSH connect timeout, seconds.")
+HEALTH_TIMEOUT = _opt(60.0, "--health-timeout", help="Seconds the health gate may take.")
 CONFIRM_DEADLINE = _opt(120.0, "--confirm-deadline", help="Seconds a switch may stay unconfirmed on the device; "
-                        "past it the device reverts it by itself (even after a lost link or a reboot).",
-                        env="CONFIRM_DEADLINE")
+                        "past it the device reverts it by itself (even after a lost link or a reboot).")
 DEVICE_PYTHON = _opt(None, "--device-python", help="The device's Python that has cuvil-edge (runs the "
-                     "device-side step). Defaults to python3.", env="DEVICE_PYTHON")
+                     "device-side step). Defaults to python3.")
 AS_JSON = _opt(False, "--json", help="Print JSON instead of tables.")
 
 
@@ -83,7 +76,7 @@ def deploy_cmd(
     bundle: Path = typer.Argument(..., help="The bundle (.cvb) to deploy."),
     to: list[str] = TO,
     inventory: Path = INVENTORY,
-    pub: Path = _opt(None, "--pub", help="Public key the bundle's signature must verify with.", env="PUB"),
+    pub: Path = _opt(None, "--pub", help="Public key the bundle's signature must verify with."),
     allow_unsigned: bool = _opt(False, "--allow-unsigned",
                                 help="Deploy without checking who signed the bundle (checksums still checked)."),
     identity: Path = IDENTITY,
@@ -93,27 +86,24 @@ def deploy_cmd(
     store: str = STORE,
     daemon_port: int = DAEMON_PORT,
     daemon_token: str = DAEMON_TOKEN,
-    keep: int = _opt(3, "--keep", help="Versions kept per device (current and previous always stay).",
-                     env="KEEP"),
+    keep: int = _opt(3, "--keep", help="Versions kept per device (current and previous always stay)."),
     health_timeout: float = HEALTH_TIMEOUT,
     confirm_deadline: float = CONFIRM_DEADLINE,
     device_python: str = DEVICE_PYTHON,
     connect_timeout: float = CONNECT_TIMEOUT,
-    concurrency: int = _opt(8, "--concurrency", help="Devices deployed at once.", env="CONCURRENCY"),
-    canary: int = _opt(1, "--canary", help="Devices that must succeed one by one before the rest.",
-                       env="CANARY"),
+    concurrency: int = _opt(8, "--concurrency", help="Devices deployed at once."),
+    canary: int = _opt(1, "--canary", help="Devices that must succeed one by one before the rest."),
     batch_size: int = _opt(None, "--batch-size", help="Devices per batch after the canary. "
-                           "Defaults to --concurrency.", env="BATCH_SIZE"),
+                           "Defaults to --concurrency."),
     max_fail_share: float = _opt(0.25, "--max-fail-share", help="Stop after a batch in which more than "
-                                 "this share of devices failed.", env="MAX_FAIL_SHARE"),
-    report: Path = _opt(None, "--report", help="Write the JSON report here.", env="REPORT"),
+                                 "this share of devices failed."),
+    report: Path = _opt(None, "--report", help="Write the JSON report here."),
     build_engines: bool = _opt(False, "--build-engines", help="Then give each device the bundle's TensorRT engine "
                                "for its key: built on the first device of a key, uploaded from the host cache to "
-                               "the others (see cuvil-edge engine build --on).", env="BUILD_ENGINES"),
-    device_cli: str = _opt("cuvil-edge", "--device-cli", help="How to run cuvil-edge on the device (engine builds).",
-                           env="DEVICE_CLI"),
+                               "the others (see cuvil-edge engine build --on)."),
+    device_cli: str = _opt("cuvil-edge", "--device-cli", help="How to run cuvil-edge on the device (engine builds)."),
     engine_builder: str = _opt(None, "--engine-builder", help="Device builder: tensorrt (default) or standin "
-                               "(the STAND-IN for tests without TensorRT).", env="ENGINE_BUILDER"),
+                               "(the STAND-IN for tests without TensorRT)."),
     as_json: bool = AS_JSON,
 ) -> None:
     """Deploy a bundle to devices over SSH: verify, send, then the device switches, health-gates and

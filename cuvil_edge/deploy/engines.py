@@ -2,9 +2,12 @@
 
 :func:`ensure_engine` gives one device the engine of one bundle:
 
-1. probe the device over SSH and derive its engine key (L4T, TensorRT, SM of its board, DLA core:
-   :func:`~cuvil_edge.bundle.engine_store.key_for_facts`);
-2. pick the bundle's build plan for that key (the host verified the bundle first);
+1. probe the device over SSH (module, L4T, TensorRT, SM of its board:
+   :func:`~cuvil_edge.bundle.engine_store.device_identity`);
+2. pick the bundle's build plan for it (TensorRT, SM, DLA core; the host verified the bundle
+   first) and derive the engine key from both
+   (:func:`~cuvil_edge.bundle.engine_store.key_for_facts`): the key names the module and the
+   plan's digest, so the host cache never hands one module's engine (or timing cache) to another;
 3. if the device's engine store already holds a verified engine for that key and model: nothing
    to do (``present``);
 4. if the host cache (``~/.cache/cuvil-edge/engines``) holds one: upload plan, log and record,
@@ -36,12 +39,14 @@ import asyncssh
 from cuvil_edge.bundle.engine_key import EngineKey
 from cuvil_edge.bundle.engine_plan import validate_plan
 from cuvil_edge.bundle.engine_store import (
+    DeviceIdentity,
     EngineError,
     EngineRecord,
     EngineStore,
+    device_identity,
     host_engine_cache,
     key_for_facts,
-    plan_matches_key,
+    plan_matches_device,
     sha256_bytes,
 )
 from cuvil_edge.bundle.layout import StoreLayout
@@ -115,14 +120,17 @@ class BundleEngineSource:
         return cls(manifest.name, manifest.version, members[manifest.model], plans)
 
 
-def choose_plan(plans: Sequence[dict[str, Any]], key: EngineKey, label: str = "device") -> dict[str, Any]:
-    """The plan for a device key; DeployError naming what the bundle has otherwise."""
+def choose_plan(plans: Sequence[dict[str, Any]], device: DeviceIdentity, dla_core: int | None = None,
+                label: str = "device") -> dict[str, Any]:
+    """The plan for a device (TensorRT major.minor, SM, DLA core); DeployError naming what the bundle has otherwise."""
     for plan in plans:
-        if plan_matches_key(plan, key):
+        if plan_matches_device(plan, device, dla_core):
             return plan
-    have = ", ".join(sorted({EngineKey.from_dict(p["engine_key"]).slug for p in plans})) or "none"
-    raise DeployError(f"{label}: the bundle has no build plan for this device's key {key.slug} (it has {have}); "
-                      "package for the device's JetPack release")
+    have = ", ".join(sorted({f"TensorRT {p['engine_key']['tensorrt']} SM {p['engine_key']['sm']} DLA "
+                             f"{p['engine_key'].get('dla_core')}" for p in plans})) or "none"
+    raise DeployError(f"{label}: the bundle has no build plan for this device ({device.module}, TensorRT "
+                      f"{device.tensorrt}, SM {device.sm}, DLA {dla_core}; it has {have}); package for the "
+                      "device's JetPack release")
 
 
 async def ensure_engine(
@@ -204,10 +212,11 @@ async def _ensure(tr: SSHTransport, source: BundleEngineSource, cache: EngineSto
     label = tr.address.label
     facts = await probe_device(tr)
     try:
-        key = key_for_facts(facts, dla_core)
+        device = device_identity(facts)
     except EngineError as exc:
         raise DeployError(f"{label}: {exc}") from None
-    plan = choose_plan(source.plans, key, label)
+    plan = choose_plan(source.plans, device, dla_core, label)
+    key = key_for_facts(facts, plan)
     model_sha = str(plan["model"]["sha256"])
     if sha256_bytes(source.model) != model_sha:
         raise DeployError(f"{label}: the bundle's model does not hash to its plan's model sha256; repackage")

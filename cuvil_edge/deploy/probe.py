@@ -27,16 +27,47 @@ from cuvil_edge.deploy.transport import SSHTransport
 from cuvil_edge.errors import DeployError
 from cuvil_edge.targets import get_target
 
-__all__ = ["DeviceFacts", "IncompatibleDevice", "check_compatible", "parse_dpkg_status", "probe_local",
-           "parse_nv_tegra_release", "probe_device", "profile_from_model"]
+__all__ = ["DeviceFacts", "IncompatibleDevice", "PackageOnlyDevice", "check_compatible", "parse_dpkg_status",
+           "parse_nv_tegra_release", "probe_device", "probe_local", "profile_from_model", "refuse_package_only"]
 
 
 class IncompatibleDevice(DeployError):
     """The bundle was built for another architecture, board or JetPack release than the device's."""
 
 
+class PackageOnlyDevice(IncompatibleDevice):
+    """The device runs a JetPack cuvil-edge cannot run on (Python older than 3.10: JetPack 4 and 5)."""
+
+
+def refuse_package_only(facts: DeviceFacts, label: str = "device") -> None:
+    """Raise :class:`PackageOnlyDevice` when the device's L4T belongs to a package-only JetPack.
+
+    JetPack 5 (L4T 35) ships Python 3.8 and TensorRT bindings for 3.8 only; cuvil-edge needs
+    Python >= 3.10 on the device, so deploy, the daemon and ``engine build --on`` cannot work
+    there. Bundles for it are still packaged: each TensorRT 8.x plan carries the ``trtexec``
+    command line that builds its engine by hand (``trtexec_command``).
+    """
+    from cuvil_edge.targets import all_targets
+
+    if not facts.l4t:
+        return
+    major = facts.l4t.split(".")[0]
+    for target in all_targets().values():
+        for release in target.releases:
+            if release.l4t.split(".")[0] == major and release.package_only:
+                raise PackageOnlyDevice(
+                    f"{label}: L4T {facts.l4t} is JetPack {release.jetpack.split('.')[0]}, whose Python "
+                    f"{release.python} is older than the 3.10 cuvil-edge needs: JetPack {release.jetpack.split('.')[0]} "
+                    "boards are package-only (build the engine by hand with the plan's trtexec_command, or "
+                    "upgrade the board to JetPack 6)")
+
+
 async def probe_device(tr: SSHTransport) -> DeviceFacts:
-    """Read a device's facts over its SSH transport."""
+    """Read a device's facts over its SSH transport.
+
+    Raises:
+        PackageOnlyDevice: the device runs JetPack 4 or 5 (:func:`refuse_package_only`).
+    """
     a = tr.address
     raw_arch = await tr.read_bytes(a.sys_path("proc/sys/kernel/arch"), 256)
     if not (raw_arch or b"").strip() and a.sys_path("proc") != "/proc":
@@ -67,6 +98,7 @@ async def probe_device(tr: SSHTransport) -> DeviceFacts:
     if status:
         facts.tensorrt = parse_dpkg_status(status.decode(errors="replace"))
     facts.profile = profile_from_model(facts.model, arch, facts.ram_mb)
+    refuse_package_only(facts, a.label)
     return facts
 
 

@@ -26,8 +26,10 @@ import onnx
 
 from cuvil_edge.errors import QuantizationError
 from cuvil_edge.packager.data import Dataset
+from cuvil_edge.recipes import CALIBRATION_METHODS, choices
 
-__all__ = ["DEFAULT_PERCENTILE", "HISTOGRAM_BINS", "RangeCollector", "TensorStats", "collect_ranges"]
+__all__ = ["DEFAULT_PERCENTILE", "HISTOGRAM_BINS", "ORT_CACHE_METHOD", "RANGE_METHODS", "RangeCollector",
+           "TensorStats", "check_method", "collect_ranges"]
 
 # Signed bins over [-R, R]: 2048 bins of |x| for the percentile, as ONNX Runtime's default.
 HISTOGRAM_BINS = 4096
@@ -94,26 +96,29 @@ class TensorStats:
 
     def range(self, method: str, symmetric: bool, percentile: float) -> tuple[float, float]:
         """The (lowest, highest) values to quantize, by calibration method."""
+        check_method(method)
         if self.hist.size == 0:
             return 0.0, 0.0
+        return RANGE_METHODS[method](self, symmetric, percentile)
+
+    def _minmax(self, symmetric: bool, percentile: float) -> tuple[float, float]:
         peak = max(abs(self.minimum), abs(self.maximum))
-        if method == "minmax":
-            return (-peak, peak) if symmetric else (self.minimum, self.maximum)
-        if method == "percentile":
-            half = self.bins // 2
-            absolute = self.hist[half:] + self.hist[:half][::-1]
-            cdf = np.cumsum(absolute) / max(1, absolute.sum())
-            idx = int(np.searchsorted(cdf, percentile / 100.0))
-            threshold = min(peak, (idx + 1) * (self.limit / half))
-            if symmetric:
-                return -threshold, threshold
-            return max(self.minimum, -threshold), min(self.maximum, threshold)
-        if method == "entropy":
-            return self._entropy(symmetric)
-        if method == "mse":
-            threshold = self._mse_threshold(symmetric, peak)
-            return (-threshold, threshold) if symmetric else (max(self.minimum, -threshold), min(self.maximum, threshold))
-        raise QuantizationError(f"unknown calibration method '{method}' (percentile, mse, minmax or entropy)")
+        return (-peak, peak) if symmetric else (self.minimum, self.maximum)
+
+    def _percentile(self, symmetric: bool, percentile: float) -> tuple[float, float]:
+        peak = max(abs(self.minimum), abs(self.maximum))
+        half = self.bins // 2
+        absolute = self.hist[half:] + self.hist[:half][::-1]
+        cdf = np.cumsum(absolute) / max(1, absolute.sum())
+        idx = int(np.searchsorted(cdf, percentile / 100.0))
+        threshold = min(peak, (idx + 1) * (self.limit / half))
+        if symmetric:
+            return -threshold, threshold
+        return max(self.minimum, -threshold), min(self.maximum, threshold)
+
+    def _mse(self, symmetric: bool, percentile: float) -> tuple[float, float]:
+        threshold = self._mse_threshold(symmetric, max(abs(self.minimum), abs(self.maximum)))
+        return (-threshold, threshold) if symmetric else (max(self.minimum, -threshold), min(self.maximum, threshold))
 
     def _mse_threshold(self, symmetric: bool, peak: float) -> float:
         """The clipping threshold that minimises the expected squared quantization error of |x|:
@@ -139,7 +144,7 @@ class TensorStats:
         errors = within * (t / levels) ** 2 / 12.0 + clipped
         return float(t[int(np.argmin(errors))])
 
-    def _entropy(self, symmetric: bool) -> tuple[float, float]:
+    def _entropy(self, symmetric: bool, percentile: float = 0.0) -> tuple[float, float]:
         """TensorRT's KL-divergence threshold (ONNX Runtime's implementation) on ENTROPY_BINS bins."""
         from onnxruntime.quantization.calibrate import HistogramCollector
 
@@ -184,12 +189,30 @@ class RangeCollector:
         """The ranges as ONNX Runtime's ``TensorsData`` (what its calibration cache holds)."""
         from onnxruntime.quantization.calibrate import CalibrationMethod, TensorData, TensorsData
 
-        # ONNX Runtime's cache records a method; "mse" ranges travel as Percentile (ranges are all it reads).
-        methods = {"percentile": CalibrationMethod.Percentile, "mse": CalibrationMethod.Percentile,
-                   "minmax": CalibrationMethod.MinMax, "entropy": CalibrationMethod.Entropy}
+        check_method(method)
         data = {name: TensorData(lowest=np.float32(lo), highest=np.float32(hi))
                 for name, (lo, hi) in self.ranges(method, symmetric, percentile).items()}
-        return TensorsData(methods[method], data)
+        return TensorsData(getattr(CalibrationMethod, ORT_CACHE_METHOD[method]), data)
+
+
+# The dispatch of ``recipes.CALIBRATION_METHODS``: each name, the range it computes from a tensor's
+# histogram (tests/core/test_vocabularies.py fails when the two tables disagree).
+RANGE_METHODS: dict[str, Callable[[TensorStats, bool, float], tuple[float, float]]] = {
+    "percentile": TensorStats._percentile,
+    "mse": TensorStats._mse,
+    "minmax": TensorStats._minmax,
+    "entropy": TensorStats._entropy,
+}
+# ONNX Runtime's calibration cache records a ``CalibrationMethod`` member by name; it reads only the
+# ranges, so "mse" ranges travel as Percentile.
+ORT_CACHE_METHOD: dict[str, str] = {"percentile": "Percentile", "mse": "Percentile", "minmax": "MinMax",
+                                    "entropy": "Entropy"}
+
+
+def check_method(method: str) -> None:
+    """Refuse a calibration method no table names (QuantizationError listing the known ones)."""
+    if method not in CALIBRATION_METHODS or method not in RANGE_METHODS:
+        raise QuantizationError(f"unknown calibration method '{method}' ({choices(CALIBRATION_METHODS)})")
 
 
 def _float_tensors(model: onnx.ModelProto) -> list[str]:

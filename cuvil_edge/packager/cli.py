@@ -19,8 +19,12 @@ import typer
 from rich.table import Table
 
 from cuvil_edge._console import console, id_column, print_table
+from cuvil_edge.recipes import QUANTIZERS
 
 __all__ = ["engine_app", "inspect_cmd", "register"]
+
+# Help read from the vocabulary's table, so a new quantizer shows up without an edit here.
+_QUANTIZER_HELP = "; ".join(f"{name}: {what}" for name, what in QUANTIZERS.items()) + ". Defaults to cuvil."
 
 
 def _recipe(
@@ -119,8 +123,7 @@ def package_cmd(
     name: str = typer.Option(None, "--name", help="Bundle name. Defaults to the recipe's or the model's."),
     version: str = typer.Option(None, "--version", help="Bundle version. Defaults to the recipe's or 1.0.0."),
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
-    quantizer: str = typer.Option("cuvil", "--quantizer",
-                                  help="cuvil (default) or modelopt (NVIDIA Model Optimizer; extra cuvil-edge[modelopt])."),
+    quantizer: str = typer.Option("cuvil", "--quantizer", help=_QUANTIZER_HELP),
     input_shape: list[str] = typer.Option(None, "--input-shape", help="NAME:1x3x320x320 or NAME:MIN,OPT,MAX: sizes "
                                           "of dynamic dimensions (TensorRT profile), as [input] shapes (repeat)."),
     batch_axis: list[str] = typer.Option(None, "--batch-axis", help="NAME:AXIS or NAME:none: an input's batch "
@@ -166,7 +169,7 @@ def quantize_cmd(
     precision: str = typer.Option("int8", "--precision", help="fp16, int8 or mixed."),
     calib: str = typer.Option(None, "--calib", help="Calibration data."),
     recipe: Path = typer.Option(None, "--recipe", help="Recipe for pre-processing and the accuracy goal."),
-    quantizer: str = typer.Option("cuvil", "--quantizer", help="cuvil (default) or modelopt."),
+    quantizer: str = typer.Option("cuvil", "--quantizer", help=_QUANTIZER_HELP),
     batch_axis: list[str] = typer.Option(None, "--batch-axis", help="NAME:AXIS or NAME:none (repeat)."),
     preprocess: str = typer.Option(None, "--preprocess", help="image:HxW[,letterbox][,rgb|bgr][,scale=1/255]..."),
     exclude: list[str] = typer.Option(None, "--exclude", help="Node-name or op-type patterns kept in float."),
@@ -355,29 +358,26 @@ def plan_cmd(
 def build_cmd(
     bundle: Path = typer.Argument(None, help="With --on: the bundle (.cvb) whose engine to build."),
     on: list[str] = typer.Option(None, "--on", help="Build for this device, \\[user@]host\\[:port] (repeat: the "
-                                 "first of a key builds, the others get the cached engine).", envvar="CUVIL_EDGE_ON"),
+                                 "first of a key builds, the others get the cached engine)."),
     inventory: Path = typer.Option(None, "--inventory", help="With a bundle: TOML inventory of devices (as for "
-                                   "cuvil-edge deploy).", envvar="CUVIL_EDGE_INVENTORY"),
+                                   "cuvil-edge deploy)."),
     plan: Path = typer.Option(None, "--plan", help="On the device: build plan JSON (engine/plan-trt<ver>.json)."),
     onnx: Path = typer.Option(None, "--onnx", help="On the device: the ONNX model the plan was made for."),
     out: Path = typer.Option(None, "--out", help="On the device: write the engine here (instead of --store)."),
     store: str = typer.Option(None, "--store", help="Bundle store: the engine goes to <store>/engines/<key>/. "
-                              "With --on: the device's store.", envvar="CUVIL_EDGE_STORE"),
+                              "With --on: the device's store."),
     root: str = typer.Option(None, "--root", help="Device system root whose facts give the engine key. "
-                             "Defaults to /.", envvar="CUVIL_EDGE_DEVICE_ROOT"),
+                             "Defaults to /."),
     builder: str = typer.Option(None, "--builder", help="tensorrt (default) or standin: the STAND-IN builder for "
-                                "machines without TensorRT (tests; never a real engine).",
-                                envvar="CUVIL_EDGE_ENGINE_BUILDER"),
+                                "machines without TensorRT (tests; never a real engine)."),
     timing_cache: Path = typer.Option(None, "--timing-cache", help="With --out: timing cache to read and update."),
-    pub: Path = typer.Option(None, "--pub", help="With --on: public key the bundle's signature must verify with.",
-                             envvar="CUVIL_EDGE_PUB"),
+    pub: Path = typer.Option(None, "--pub", help="With --on: public key the bundle's signature must verify with."),
     allow_unsigned: bool = typer.Option(False, "--allow-unsigned", help="With --on: skip the signature check."),
-    identity: Path = typer.Option(None, "--identity", "-i", help="SSH private key.", envvar="CUVIL_EDGE_IDENTITY"),
-    known_hosts: Path = typer.Option(None, "--known-hosts", help="known_hosts file.", envvar="CUVIL_EDGE_KNOWN_HOSTS"),
+    identity: Path = typer.Option(None, "--identity", "-i", help="SSH private key."),
+    known_hosts: Path = typer.Option(None, "--known-hosts", help="known_hosts file."),
     daemon_port: int = typer.Option(None, "--daemon-port", help="Daemon port on the device (reload after the "
-                                    "build). Defaults to 8000.", envvar="CUVIL_EDGE_DAEMON_PORT"),
-    device_cli: str = typer.Option("cuvil-edge", "--device-cli", help="How to run cuvil-edge on the device.",
-                                   envvar="CUVIL_EDGE_DEVICE_CLI"),
+                                    "build). Defaults to 8000."),
+    device_cli: str = typer.Option("cuvil-edge", "--device-cli", help="How to run cuvil-edge on the device."),
     dla_core: int = typer.Option(-1, "--dla-core", help="Build for this DLA core (-1: the GPU)."),
     rebuild: bool = typer.Option(False, "--rebuild", help="Build on the device even when an engine is cached."),
     as_json: bool = typer.Option(False, "--json", help="With --on: print the outcome as JSON."),

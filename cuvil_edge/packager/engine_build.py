@@ -14,6 +14,7 @@ call order is tested, against a recorder.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -132,7 +133,16 @@ class EngineFromOnnx:
         if self.timing_cache is not None:
             data = self.timing_cache.read_bytes() if self.timing_cache.is_file() else b""
             cache = config.create_timing_cache(data)
-            config.set_timing_cache(cache, ignore_mismatch=False)
+            # set_timing_cache returns False when TensorRT refuses the cache (made by another
+            # TensorRT version or device): then the build starts from a fresh, empty cache rather
+            # than going on with no cache at all.
+            if not config.set_timing_cache(cache, ignore_mismatch=False) and data:
+                say = self.log or logging.getLogger("cuvil_edge.packager.engine_build").warning
+                say(f"[W] [cuvil-edge] timing cache {self.timing_cache} refused by TensorRT {have}; "
+                    "starting a fresh one")
+                cache = config.create_timing_cache(b"")
+                if not config.set_timing_cache(cache, ignore_mismatch=False):
+                    raise ModelError(f"TensorRT {have} refused even an empty timing cache")
         serialized = builder.build_serialized_network(network, config)
         if serialized is None:
             raise ModelError(f"{self.onnx_path}: TensorRT {have} failed to build the engine "

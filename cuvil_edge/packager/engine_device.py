@@ -3,9 +3,10 @@
 ``cuvil-edge engine build --plan P --onnx M --store S`` runs this on the board (the host starts
 it over SSH, :mod:`cuvil_edge.deploy.engines`). It
 
-1. reads the board's own facts below ``--root`` (L4T, TensorRT, board profile -> SM) and derives
-   its engine key (:func:`~cuvil_edge.bundle.engine_store.key_for_facts`); refuses a plan made
-   for another TensorRT version, SM or DLA core, and a model whose sha256 is not the plan's;
+1. reads the board's own facts below ``--root`` (L4T, TensorRT, board profile -> module and SM)
+   and derives its engine key from them and the plan
+   (:func:`~cuvil_edge.bundle.engine_store.key_for_facts`); refuses a plan made for another
+   TensorRT version, SM or DLA core, and a model whose sha256 is not the plan's;
 2. makes itself a process group leader and prints ``pid``/``pgid`` first, so the host can stop
    the whole build (this process and the builder it runs) with one ``kill -TERM -- -PGID``;
 3. runs the builder as a child process in that group: TensorRT through ``cuvil-edge engine build
@@ -34,14 +35,15 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from cuvil_edge.bundle.engine_key import major_minor
 from cuvil_edge.bundle.engine_plan import load_plan
 from cuvil_edge.bundle.engine_store import (
     EngineError,
     EngineRecord,
     EngineStore,
+    device_identity,
     key_for_facts,
     now_iso,
+    plan_matches_device,
     sha256_bytes,
     sha256_file,
 )
@@ -106,11 +108,13 @@ def build_into_store(
         from cuvil_edge.runtime.trt import installed_tensorrt_version
 
         trt_version = installed_tensorrt_version()  # raises TensorRTMissing naming the extra
-    key = key_for_facts(facts, dla, trt_version)
+    device = device_identity(facts, trt_version)
     pkey = plan["engine_key"]
-    if major_minor(str(pkey["tensorrt"])) != major_minor(key.tensorrt) or str(pkey["sm"]) != key.sm or pkey.get("dla_core") != dla:
+    if not plan_matches_device(plan, device, dla):
         raise EngineError(f"{plan_path}: plan is for TensorRT {pkey['tensorrt']} SM {pkey['sm']}, this device is "
-                          f"{key.slug}; use the bundle's plan for TensorRT {key.tensorrt}")
+                          f"{device.module} with TensorRT {device.tensorrt} SM {device.sm}; use the bundle's plan "
+                          f"for TensorRT {device.tensorrt}")
+    key = key_for_facts(facts, plan, trt_version)
     onnx_path = Path(onnx_path)
     if not onnx_path.is_file():
         raise ModelError(f"{onnx_path}: no such model file")

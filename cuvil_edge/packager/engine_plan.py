@@ -2,13 +2,18 @@
 
 Engines are built where they run (docs/bundle-format.md): the packager writes one JSON *build plan*
 per TensorRT version of the target into the bundle, and the device (or a host orchestrating a
-remote build over SSH) turns ``plan + model.onnx`` into an engine keyed by
-``(L4T, TensorRT, SM, DLA core)``. A plan says everything the builder needs:
+remote build over SSH) turns ``plan + model.onnx`` into an engine keyed by module (device-tree
+model, SM count, memory), L4T, TensorRT, SM, DLA core and the plan's digest
+(:class:`~cuvil_edge.bundle.engine_key.EngineKey`). A plan says everything the builder needs:
 
 * the precision mode: ``strongly_typed`` for TensorRT >= 11 (the FP16/INT8 builder flags and
   INT8 calibrators are gone; precision comes from the ONNX: Q/DQ with zero-point 0, FP16 casts)
   or when asked for on 10.x; ``builder_flags`` (``FP16``, ``INT8``) for TensorRT 8.x and 10.x;
-* network creation flags (``EXPLICIT_BATCH`` on 8.x, ``STRONGLY_TYPED`` on 10.x when asked for);
+* network creation flags (``EXPLICIT_BATCH`` on 8.x, ``STRONGLY_TYPED`` on 10.x when asked for;
+  never on 8.x, which has no such flag);
+* plugins: a model with plugin ops needs ``tensorrt.plugin`` (TensorRT >= 10.6); for an older
+  TensorRT the plan is refused with the reason (no C++ ``IPluginV3`` library is shipped);
+* ``trtexec_command`` on TensorRT 8.x and package-only (JetPack 4/5) plans: the same build by hand;
 * the workspace limit from the board's RAM and the API that sets it;
 * optimization profiles (min/opt/max per dynamic input, from the recipe's max batch);
 * DLA core and GPU fallback, the timing cache name, the engine key and engine file name.
@@ -28,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cuvil_edge.bundle.engine_key import engine_cache_key, major_minor
+from cuvil_edge.bundle.engine_key import engine_cache_key, major_minor, plan_digest
 from cuvil_edge.bundle.engine_plan import PLAN_FORMAT
 from cuvil_edge.bundle.engine_store import sha256_file
 from cuvil_edge.bundle.manifest import Manifest
@@ -43,8 +48,12 @@ __all__ = [
     "make_build_plan",
     "make_build_plans",
     "plan_member_name",
+    "trtexec_command",
     "workspace_bytes",
 ]
+
+# tensorrt.plugin (Python plugins) is new in TensorRT 10.6; JetPack 6.2 ships 10.3.
+PYTHON_PLUGINS_SINCE = (10, 6)
 
 _MIB = 1 << 20
 _GIB = 1 << 30
@@ -233,6 +242,19 @@ def make_build_plan(
     # (TensorRT 11): precision lives in the ONNX, so the builder casts the FP16 layers before parsing.
     layer_fp16 = sorted(req.layer_fp16)
     layer_fp32 = sorted(req.layer_fp32)
+    if strongly_typed and major < 10:
+        # NetworkDefinitionCreationFlag.STRONGLY_TYPED is new in TensorRT 10.0 (8.6 has only
+        # EXPLICIT_BATCH): asking 8.x for it is an AttributeError at build time.
+        warnings.append(f"strongly typed networks need TensorRT >= 10; the plan for TensorRT {trt} uses "
+                        "builder flags")
+        strongly_typed = False
+    if facts["plugins"] and (major, minor) < PYTHON_PLUGINS_SINCE:
+        raise ModelError(
+            f"{model_path}: the model uses TensorRT plugin(s) {', '.join(facts['plugins'])}, but TensorRT {trt} "
+            f"(JetPack {release.jetpack}) has no tensorrt.plugin (new in TensorRT "
+            f"{'.'.join(map(str, PYTHON_PLUGINS_SINCE))}) and cuvil-edge ships no C++ IPluginV3 library compiled "
+            f"against TensorRT {trt}'s headers; package for a JetPack whose TensorRT is >= "
+            f"{'.'.join(map(str, PYTHON_PLUGINS_SINCE))}, or export the model without the plugin ops")
     typed = major >= 11 or bool(strongly_typed)
     network_flags: list[str] = []
     builder_flags: list[str] = []
@@ -288,13 +310,13 @@ def make_build_plan(
     unresolved = [d.name for d in dynamic if d.name not in profile]
     warnings.extend(pwarn)
 
-    key = engine_cache_key(release.l4t, trt, target.gpu_sm, dla_core)
     from cuvil_edge import __version__
 
-    plan = {
+    plan: dict[str, Any] = {
         "format": PLAN_FORMAT,
         "tool": f"cuvil-edge {__version__}",
         "target": target.name,
+        "module": target.module,
         "jetpack": release.jetpack,
         "l4t": release.l4t,
         "cuda": release.cuda,
@@ -318,17 +340,56 @@ def make_build_plan(
         "layer_precisions": ({"fp32": layer_fp32} if not typed and layer_fp32 else {}),
         "fp16_casts": layer_fp16 if typed else [],
         "dla": dla,
-        "timing_cache": f"timing_l4t-{release.l4t}_trt-{trt}_sm{target.gpu_sm}.cache",
-        "engine_key": key.to_dict(),
-        "engine_file": key.filename,
         "warnings": warnings,
     }
+    key = engine_cache_key(target.module, release.l4t, trt, target.gpu_sm, dla_core, plan_digest(plan))
+    plan["engine_key"] = key.to_dict()
+    plan["engine_file"] = key.filename
+    plan["timing_cache"] = f"{key.slug}.timing.cache"
     plan["build_command"] = [
-        "cuvil-edge", "engine", "build", "--plan", plan_member_name(plan), "--onnx", "model.onnx",
+        "cuvil-edge", "engine", "build", "--plan", plan_member_name(plan), "--onnx", req.model,
         "--out", f"engines/{key.filename}",
     ]
-    plan["build_command"][6] = plan["model"]["path"]
+    if release.package_only or major < 10:
+        plan["trtexec_command"] = trtexec_command(plan)
     return plan
+
+
+def _dims(shape: Sequence[int]) -> str:
+    return "x".join(str(int(d)) for d in shape)
+
+
+def trtexec_command(plan: Mapping[str, Any]) -> list[str]:
+    """The ``trtexec`` command line that builds the engine a plan describes, by hand on the board.
+
+    For boards cuvil-edge cannot run on (JetPack 4 and 5: Python older than 3.10) and every
+    TensorRT 8.x plan. Flags are trtexec's (``/usr/src/tensorrt/bin/trtexec`` on JetPack):
+    ``--memPoolSize`` in MiB, shapes as ``name:1x3x224x224``; layers pinned to FP32 go through
+    ``--precisionConstraints=obey --layerPrecisions``.
+
+    Args:
+        plan (Mapping[str, Any]): a build plan.
+    """
+    argv = ["/usr/src/tensorrt/bin/trtexec", f"--onnx={plan['model']['path']}",
+            f"--saveEngine={plan.get('engine_file', 'model.engine')}",
+            f"--timingCacheFile={plan.get('timing_cache', 'timing.cache')}",
+            f"--memPoolSize=workspace:{int(plan['workspace']['bytes']) >> 20}"]
+    if plan["precision_mode"] == "strongly_typed":
+        argv.append("--stronglyTyped")
+    flags = list(plan.get("builder_flags") or [])
+    argv += [f"--{name.lower()}" for name in flags if name in ("FP16", "INT8")]
+    pinned = (plan.get("layer_precisions") or {}).get("fp32") or []
+    if pinned:
+        argv += ["--precisionConstraints=obey", "--layerPrecisions=" + ",".join(f"{n}:fp32" for n in pinned)]
+    for profile in plan.get("profiles") or []:
+        for which in ("min", "opt", "max"):
+            argv.append(f"--{which}Shapes=" + ",".join(f"{name}:{_dims(p[which])}" for name, p in profile.items()))
+    dla = plan.get("dla")
+    if dla:
+        argv.append(f"--useDLACore={int(dla['core'])}")
+        if dla.get("gpu_fallback", True):
+            argv.append("--allowGPUFallback")
+    return argv
 
 
 def make_build_plans(

@@ -40,11 +40,11 @@ from cuvil_edge.packager.data import (
 from cuvil_edge.packager.load import load_model, model_inputs, model_outputs
 from cuvil_edge.packager.quantize import Quantizer, convert_fp16, target_arithmetic
 from cuvil_edge.packager.validate import ValidationReport, make_session, validate_models
-from cuvil_edge.recipes import AccuracyGoal, Recipe
+from cuvil_edge.recipes import QUANTIZERS, AccuracyGoal, Recipe, choices
 from cuvil_edge.targets import Target, get_target
 
-__all__ = ["PackageResult", "bundle_name", "check_loadable", "check_tensorrt_form", "package", "quantize_model",
-           "report_path_beside", "resolve_model", "resolve_profiles", "sample_members"]
+__all__ = ["QUANTIZER_STEPS", "PackageResult", "QuantizerStep", "bundle_name", "check_loadable", "check_tensorrt_form",
+           "package", "quantize_model", "report_path_beside", "resolve_model", "resolve_profiles", "sample_members"]
 
 SAMPLE_SIZE = 4
 Progress = Callable[[str], None]
@@ -138,29 +138,63 @@ def quantize_model(
     """
     say = progress or (lambda msg: None)
     info: dict[str, Any] = {"runtime_format": target.runtime_format, "quantizer": quantizer}
-    if quantizer not in ("cuvil", "modelopt"):
-        raise QuantizationError(f"--quantizer must be cuvil or modelopt, not '{quantizer}'")
+    if quantizer not in QUANTIZER_STEPS:
+        raise QuantizationError(f"--quantizer must be {choices(QUANTIZERS)}, not '{quantizer}'")
     if precision == "fp32":
         return model, info
     if precision == "fp16":
         return convert_fp16(model), info
     if calibration is None:
         raise DataError(f"precision '{precision}' needs calibration data: pass --calib DIR or set [calibration] data")
-    if quantizer == "modelopt":
-        if precision != "int8" or target.runtime_format != "tensorrt":
-            raise QuantizationError("--quantizer modelopt makes the TensorRT INT8 form: use --precision int8 and a "
-                                    f"board with an NVIDIA GPU (not {precision} for {target.name})")
-        from cuvil_edge.packager.modelopt_quant import quantize_with_modelopt
+    step = QuantizerStep(model, target, precision, calibration, kind, goal, method, sensitivity, say, bar,
+                         bias_correction, tuple(exclude or ()))
+    quantized, found = QUANTIZER_STEPS[quantizer](step)
+    return quantized, {**info, **found}
 
-        say(f"quantizing with NVIDIA Model Optimizer on {len(calibration)} samples")
-        info["accuracy_arithmetic"] = "exact Q/DQ emulation (target arithmetic)"
-        info["fp16_nodes"], info["fp32_nodes"] = [], []
-        return quantize_with_modelopt(model, calibration, "minmax" if method == "percentile" else method), info
+
+@dataclass(frozen=True)
+class QuantizerStep:
+    """What a quantizer gets: the model, the board, the data and the goal (one value, not 11 arguments)."""
+
+    model: onnx.ModelProto
+    target: Target
+    precision: str  # int8 or mixed
+    calibration: Dataset
+    kind: str
+    goal: AccuracyGoal
+    method: str
+    sensitivity: Dataset | None
+    say: Progress
+    bar: Bar | None
+    bias_correction: bool
+    exclude: tuple[str, ...] = ()  # node-name or op-type patterns kept in float (not for modelopt)
+
+
+def _quantize_modelopt(step: QuantizerStep) -> tuple[onnx.ModelProto, dict[str, Any]]:
+    """NVIDIA Model Optimizer's INT8 (TensorRT targets, ``int8`` only)."""
+    target, precision, calibration = step.target, step.precision, step.calibration
+    if precision != "int8" or target.runtime_format != "tensorrt":
+        raise QuantizationError("--quantizer modelopt makes the TensorRT INT8 form: use --precision int8 and a "
+                                f"board with an NVIDIA GPU (not {precision} for {target.name})")
+    from cuvil_edge.packager.modelopt_quant import quantize_with_modelopt
+
+    step.say(f"quantizing with NVIDIA Model Optimizer on {len(calibration)} samples")
+    info: dict[str, Any] = {"accuracy_arithmetic": "exact Q/DQ emulation (target arithmetic)",
+                            "fp16_nodes": [], "fp32_nodes": []}
+    method = "minmax" if step.method == "percentile" else step.method
+    return quantize_with_modelopt(step.model, calibration, method), info
+
+
+def _quantize_cuvil(step: QuantizerStep) -> tuple[onnx.ModelProto, dict[str, Any]]:
+    """cuvil-edge's calibration ranges through ONNX Runtime's quantizer; ``mixed`` searches the tiers."""
+    say, calibration, method, bias_correction = step.say, step.calibration, step.method, step.bias_correction
+    info: dict[str, Any] = {}
     say(f"calibrating on {len(calibration)} samples ({method})")
-    search = sensitivity if sensitivity is not None else calibration
-    with _quiet(), Quantizer(model, target.runtime_format, calibration, method, progress=say, bar=bar,
-                             bias_correction=bias_correction, arch=target.arch, exclude=exclude or []) as q:
-        result = q.mixed(search, kind, goal) if precision == "mixed" else None
+    search = step.sensitivity if step.sensitivity is not None else calibration
+    with _quiet(), Quantizer(step.model, step.target.runtime_format, calibration, method, progress=say,
+                             bar=step.bar, bias_correction=bias_correction, arch=step.target.arch,
+                             exclude=step.exclude) as q:
+        result = q.mixed(search, step.kind, step.goal) if step.precision == "mixed" else None
         quantized = result.model if result is not None else q.quantize()
         info["bias_corrected_convs"] = len(q.corrected)
         info["int8_form"] = q.form.to_dict()
@@ -186,6 +220,13 @@ def quantize_model(
             }
         )
     return quantized, info
+
+
+# The dispatch of ``recipes.QUANTIZERS`` (a new quantizer: an entry there, a step here).
+QUANTIZER_STEPS: dict[str, Callable[[QuantizerStep], tuple[onnx.ModelProto, dict[str, Any]]]] = {
+    "cuvil": _quantize_cuvil,
+    "modelopt": _quantize_modelopt,
+}
 
 
 def check_tensorrt_form(model: onnx.ModelProto, target: Target) -> dict[str, Any]:

@@ -33,7 +33,7 @@ import onnx
 
 from cuvil_edge.errors import QuantizationError
 from cuvil_edge.packager.bias_correction import correct_biases
-from cuvil_edge.packager.calibrate import collect_ranges
+from cuvil_edge.packager.calibrate import ORT_CACHE_METHOD, check_method, collect_ranges
 from cuvil_edge.packager.data import Dataset
 from cuvil_edge.packager.emulate import emulate_fp16
 from cuvil_edge.packager.load import upgrade_opset
@@ -228,7 +228,7 @@ class Quantizer:
         model (onnx.ModelProto): the FP32 model (upgraded to opset 13 if older).
         runtime_format (str): ``tensorrt`` (symmetric Q/DQ, float biases) or ``ort-cpu``.
         calibration (Dataset): calibration samples (any count, any per-sample shapes).
-        method (str): ``percentile`` (99.99, default; best here), ``mse``, ``minmax`` or ``entropy``.
+        method (str): a name of ``recipes.CALIBRATION_METHODS``. Defaults to ``percentile`` (99.99, best here).
         bias_correction (bool): subtract each quantized Conv's mean output shift from its bias
             (see ``bias_correction.py``); on by default.
         arch (str): the target CPU architecture (chooses the ``ort-cpu`` INT8 form, see ``int8_form``).
@@ -240,8 +240,7 @@ class Quantizer:
                  arch: str = "aarch64", exclude: Iterable[str] = ()) -> None:
         if runtime_format not in ("tensorrt", "ort-cpu"):
             raise QuantizationError(f"unknown runtime format '{runtime_format}'")
-        if method not in ("percentile", "mse", "minmax", "entropy"):
-            raise QuantizationError(f"unknown calibration method '{method}' (percentile, mse, minmax or entropy)")
+        check_method(method)
         if len(calibration) == 0:
             raise QuantizationError("no calibration samples")
         self.model = name_unnamed_nodes(upgrade_opset(model))
@@ -319,12 +318,6 @@ class Quantizer:
     def _options(self) -> dict[str, Any]:
         from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType
 
-        methods = {
-            "percentile": CalibrationMethod.Percentile,
-            "mse": CalibrationMethod.Percentile,  # our ranges travel in ONNX Runtime's cache as "Percentile"
-            "minmax": CalibrationMethod.MinMax,
-            "entropy": CalibrationMethod.Entropy,
-        }
         extra: dict[str, Any] = {"ActivationSymmetric": self.form.symmetric_activations, "WeightSymmetric": True}
         if self.runtime_format == "tensorrt":
             extra["QuantizeBias"] = False
@@ -337,7 +330,7 @@ class Quantizer:
             "reduce_range": self.form.reduce_range,
             "activation_type": act,
             "weight_type": QuantType.QInt8,
-            "calibrate_method": methods[self.method],
+            "calibrate_method": getattr(CalibrationMethod, ORT_CACHE_METHOD[self.method]),
             "extra_options": extra,
         }
 

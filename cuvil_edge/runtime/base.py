@@ -167,7 +167,8 @@ class Footprint:
     """Memory an activated backend holds, in bytes.
 
     ``weights`` is the model's parameters, ``workspace`` the runtime's scratch (arena, TensorRT
-    activation memory), ``io`` the input/output buffers at the largest batch. ``measured`` is
+    activation memory), ``io`` the input/output buffers at the largest batch, ``startup`` what
+    the process paid once to start CUDA and TensorRT (counted by the first such backend). ``measured`` is
     True when the figures come from a measurement (RSS or device memory delta) rather than an
     estimate.
     """
@@ -176,11 +177,12 @@ class Footprint:
     workspace: int
     io: int
     measured: bool = False
+    startup: int = 0  # once per process: the CUDA context and TensorRT's libraries (runtime/trt/startup.py)
 
     @property
     def total(self) -> int:
         """Sum of the parts."""
-        return self.weights + self.workspace + self.io
+        return self.weights + self.workspace + self.io + self.startup
 
 
 class Backend(abc.ABC):

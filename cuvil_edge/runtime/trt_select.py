@@ -53,13 +53,24 @@ class EngineChoice:
         return asdict(self)
 
 
-def device_engine_key(root: str = "/", dla_core: int | None = None) -> tuple[Any, str]:
-    """This device's engine key from the facts below ``root``, or ``(None, reason)``.
+def device_engine_key(root: str, bundle_dir: Path, manifest: ManifestLike,
+                      dla_core: int | None = None) -> tuple[Any, str]:
+    """This device's engine key for the bundle, from the facts below ``root`` and the bundle's
+    build plan for this device, or ``(None, reason)``.
 
     When TensorRT imports here, its own version counts (it may differ from the dpkg package).
     """
+    import json
+
     from cuvil_edge.bundle.device_facts import probe_local
-    from cuvil_edge.bundle.engine_store import EngineError, key_for_facts
+    from cuvil_edge.bundle.engine_plan import validate_plan
+    from cuvil_edge.bundle.engine_store import (
+        EngineError,
+        device_identity,
+        key_for_facts,
+        plan_matches_device,
+    )
+    from cuvil_edge.errors import ModelError
 
     facts = probe_local(root)
     trt = None
@@ -70,9 +81,20 @@ def device_engine_key(root: str = "/", dla_core: int | None = None) -> tuple[Any
     except TensorRTMissing:
         trt = None
     try:
-        return key_for_facts(facts, dla_core, trt), ""
+        device = device_identity(facts, trt)
     except EngineError as exc:
         return None, str(exc)
+    manifest = as_manifest(manifest)
+    for entry in manifest.build_plans:
+        path = Path(bundle_dir) / str(entry.get("path"))
+        try:
+            plan = validate_plan(json.loads(path.read_text("utf-8")), str(path))
+        except (OSError, ValueError, ModelError) as exc:
+            return None, f"build plan {entry.get('path')}: {exc}"
+        if plan_matches_device(plan, device, dla_core):
+            return key_for_facts(facts, plan, trt), ""
+    return None, (f"the bundle has no build plan for this device ({device.module}, TensorRT {device.tensorrt}, "
+                  f"SM {device.sm}, DLA {dla_core})")
 
 
 def bundle_model_sha256(bundle_dir: Path, manifest: ManifestLike) -> str:
@@ -115,7 +137,7 @@ def choose_engine(
         return choice.fall_back(f"bundle format {manifest.format_kind!r} is not for TensorRT")
     if device == "cpu":
         return choice.fall_back("daemon runs with --device cpu")
-    key, why = device_engine_key(root, dla_core)
+    key, why = device_engine_key(root, bundle_dir, manifest, dla_core)
     if key is None:
         return choice.fall_back(why)
     choice.engine_key = key.slug

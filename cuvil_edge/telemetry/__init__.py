@@ -17,7 +17,16 @@ from __future__ import annotations
 
 from cuvil_edge.telemetry.base import SourceExhausted, TelemetrySource
 from cuvil_edge.telemetry.jtop_source import JtopSource, sample_from_jtop
-from cuvil_edge.telemetry.monitor import AUTO_CHAIN, TelemetryMonitor, expand_spec, open_source
+from cuvil_edge.telemetry.monitor import (
+    AUTO_CHAIN,
+    SOURCE_KINDS,
+    SourceKind,
+    TelemetryMonitor,
+    check_spec,
+    expand_spec,
+    open_source,
+    source_usage,
+)
 from cuvil_edge.telemetry.replay import ReplaySource, load_log
 from cuvil_edge.telemetry.sample import Sample
 from cuvil_edge.telemetry.sim import BOARD_FIGURES, Scenario, SimulatedBoard
@@ -32,15 +41,19 @@ __all__ = [
     "ReplaySource",
     "Sample",
     "Scenario",
+    "SOURCE_KINDS",
     "SimulatedBoard",
     "SourceExhausted",
+    "SourceKind",
     "SysfsSource",
     "TegrastatsSource",
     "TelemetryMonitor",
     "TelemetrySource",
+    "check_spec",
     "expand_spec",
     "load_log",
     "open_source",
     "parse_tegrastats_line",
     "sample_from_jtop",
+    "source_usage",
 ]

@@ -8,8 +8,10 @@ from pathlib import Path
 from typing import TextIO
 
 import typer
+from rich.markup import escape
 
 from cuvil_edge.errors import TelemetryError
+from cuvil_edge.telemetry.monitor import source_usage
 
 __all__ = ["parse_stream", "register"]
 
@@ -79,7 +81,7 @@ def parse_cmd(
 @telemetry_app.command("watch")
 def watch_cmd(
     source: str = typer.Argument(
-        "auto", help="auto, tegrastats[:PATH], jtop, sysfs[:ROOT], replay:FILE[@SPEED] or sim:BOARD[@SPEED]."
+        "auto", help=escape(f"{source_usage()}.")  # rich would take [@SPEED] for markup
     ),
     count: int = typer.Option(5, "--count", "-n", min=1, help="Samples to print."),
     interval: float = typer.Option(1.0, "--interval", min=0.01, help="Sampling interval in seconds."),

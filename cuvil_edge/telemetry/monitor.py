@@ -1,16 +1,9 @@
 """Opening sources by name, and the monitor thread that keeps the daemon supplied with samples.
 
 Source specs (``cuvil-edged --telemetry SPEC``; several separated by commas form a fallback
-chain):
-
-===================== ==========================================================================
-``auto``              ``tegrastats``, then ``jtop``, then ``sysfs:/`` (the first that opens)
-``tegrastats[:PATH]`` the tegrastats process (``PATH``: the executable)
-``jtop``              jetson-stats' service
-``sysfs[:ROOT]``      ``/proc`` and ``/sys`` under ``ROOT`` (default ``/``)
-``replay:FILE[@X]``   a recorded log at ``X`` times real time (default 1; 0 = no waiting)
-``sim:BOARD[@X]``     the simulator of a board profile at ``X`` times real time
-===================== ==========================================================================
+chain) are ``auto`` (``tegrastats``, then ``jtop``, then ``sysfs:/``, the first that opens) or one
+kind of :data:`SOURCE_KINDS`, the one table of them (``cuvil-edge telemetry watch --help`` prints
+it; ``docs/telemetry.md`` lists it).
 
 :class:`TelemetryMonitor` runs the chain in a thread: it keeps the latest sample, calls
 subscribers, and when a source dies (raises, ends, goes silent) it logs the reason, records an
@@ -26,13 +19,17 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from cuvil_edge.errors import TargetError, TelemetryError
+from cuvil_edge.targets import get_target
 from cuvil_edge.telemetry.base import SourceExhausted, TelemetrySource
 from cuvil_edge.telemetry.sample import Sample
 
-__all__ = ["AUTO_CHAIN", "TelemetryMonitor", "expand_spec", "open_source"]
+__all__ = ["AUTO_CHAIN", "SOURCE_KINDS", "SourceKind", "TelemetryMonitor", "check_spec", "expand_spec",
+           "open_source", "source_usage"]
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +47,91 @@ def _split_speed(arg: str) -> tuple[str, float | None]:
     return arg, None
 
 
+@dataclass(frozen=True)
+class SourceKind:
+    """One kind of telemetry source: how its spec is written, what it reads, how it opens.
+
+    ``open(arg, interval_s, kw)`` gets the text after ``KIND:``; ``check(arg)`` refuses at start a
+    spec that can never work (a missing log file), so the monitor does not retry it forever.
+    """
+
+    usage: str
+    what: str
+    open: Callable[[str, float, dict[str, Any]], TelemetrySource]
+    check: Callable[[str], None] | None = None
+
+
+def _open_tegrastats(arg: str, interval: float, kw: dict[str, Any]) -> TelemetrySource:
+    from cuvil_edge.telemetry.tegrastats import TegrastatsSource
+
+    return TegrastatsSource(interval_s=interval, path=arg or kw.pop("path", None), **kw)
+
+
+def _open_jtop(arg: str, interval: float, kw: dict[str, Any]) -> TelemetrySource:
+    from cuvil_edge.telemetry.jtop_source import JtopSource
+
+    return JtopSource(interval_s=interval)
+
+
+def _open_sysfs(arg: str, interval: float, kw: dict[str, Any]) -> TelemetrySource:
+    from cuvil_edge.telemetry.sysfs import SysfsSource
+
+    return SysfsSource(root=arg or "/", interval_s=interval)
+
+
+def _open_replay(arg: str, interval: float, kw: dict[str, Any]) -> TelemetrySource:
+    from cuvil_edge.telemetry.replay import ReplaySource
+
+    path, speed = _split_speed(arg)
+    if not path:
+        raise TelemetryError("replay needs a file: replay:FILE[@SPEED]")
+    return ReplaySource(path, speed=1.0 if speed is None else speed, interval_s=interval, **kw)
+
+
+def _check_replay(arg: str) -> None:
+    path, _ = _split_speed(arg)
+    if not path or not Path(path).is_file():
+        raise TelemetryError(f"telemetry log {path!r} does not exist (replay:FILE[@SPEED])")
+
+
+def _open_sim(arg: str, interval: float, kw: dict[str, Any]) -> TelemetrySource:
+    from cuvil_edge.telemetry.sim import SimulatedBoard
+
+    board, speed = _split_speed(arg or "orin-nano-8gb")
+    try:
+        return SimulatedBoard(board, interval_s=interval, speed=1.0 if speed is None else speed, **kw)
+    except TargetError as exc:
+        raise TelemetryError(f"sim: {exc}") from exc
+
+
+def _check_sim(arg: str) -> None:
+    board, _ = _split_speed(arg)
+    if board:
+        try:
+            get_target(board)
+        except TargetError as exc:
+            raise TelemetryError(f"sim: {exc}") from exc
+
+
+# The one table of source kinds: open_source dispatches on it, the daemon checks specs with it, the
+# CLI's help and the docs check (tests/core/test_vocabularies.py) read it. A new source is one entry.
+SOURCE_KINDS: dict[str, SourceKind] = {
+    "tegrastats": SourceKind("tegrastats[:PATH]", "the tegrastats process (PATH: the executable)", _open_tegrastats),
+    "jtop": SourceKind("jtop", "jetson-stats' service", _open_jtop),
+    "sysfs": SourceKind("sysfs[:ROOT]", "/proc and /sys under ROOT (default /)", _open_sysfs),
+    "replay": SourceKind("replay:FILE[@SPEED]", "a recorded log at SPEED times real time (default 1; 0 = no "
+                         "waiting)", _open_replay, _check_replay),
+    "sim": SourceKind("sim:BOARD[@SPEED]", "the simulator of a board profile at SPEED times real time",
+                      _open_sim, _check_sim),
+}
+
+
+def source_usage() -> str:
+    """How specs are written, for messages and help: ``auto, tegrastats[:PATH], ... or sim:BOARD[@SPEED]``."""
+    usages = ["auto", *(kind.usage for kind in SOURCE_KINDS.values())]
+    return f"{', '.join(usages[:-1])} or {usages[-1]}"
+
+
 def expand_spec(spec: str | Sequence[str]) -> list[str]:
     """Split a comma-separated spec and expand ``auto`` into :data:`AUTO_CHAIN`."""
     parts = spec.split(",") if isinstance(spec, str) else list(spec)
@@ -59,8 +141,22 @@ def expand_spec(spec: str | Sequence[str]) -> list[str]:
             continue
         out.extend(AUTO_CHAIN if part == "auto" else [part])
     if not out:
-        raise TelemetryError("empty telemetry spec; use auto, tegrastats, jtop, sysfs[:ROOT], replay:FILE[@SPEED] or sim:BOARD")
+        raise TelemetryError(f"empty telemetry spec; use {source_usage()}")
     return out
+
+
+def check_spec(item: str) -> None:
+    """Refuse one spec that can never work: an unknown kind, a missing log, an unknown board.
+
+    Raises:
+        TelemetryError: naming the spec and the forms that work.
+    """
+    kind, _, arg = item.partition(":")
+    if kind not in SOURCE_KINDS:
+        raise TelemetryError(f"unknown telemetry source {item!r}; use {source_usage()}")
+    check = SOURCE_KINDS[kind].check
+    if check is not None:
+        check(arg)
 
 
 def open_source(spec: str, **kw: Any) -> TelemetrySource:
@@ -87,37 +183,9 @@ def open_source(spec: str, **kw: Any) -> TelemetrySource:
     item = chain[0]
     kind, _, arg = item.partition(":")
     interval = kw.pop("interval_s", 1.0)
-    if kind == "tegrastats":
-        from cuvil_edge.telemetry.tegrastats import TegrastatsSource
-
-        return TegrastatsSource(interval_s=interval, path=arg or kw.pop("path", None), **kw)
-    if kind == "jtop":
-        from cuvil_edge.telemetry.jtop_source import JtopSource
-
-        return JtopSource(interval_s=interval)
-    if kind == "sysfs":
-        from cuvil_edge.telemetry.sysfs import SysfsSource
-
-        return SysfsSource(root=arg or "/", interval_s=interval)
-    if kind == "replay":
-        from cuvil_edge.telemetry.replay import ReplaySource
-
-        path, speed = _split_speed(arg)
-        if not path:
-            raise TelemetryError("replay needs a file: replay:FILE[@SPEED]")
-        return ReplaySource(path, speed=1.0 if speed is None else speed, interval_s=interval, **kw)
-    if kind == "sim":
-        from cuvil_edge.telemetry.sim import SimulatedBoard
-
-        board, speed = _split_speed(arg or "orin-nano-8gb")
-        try:
-            return SimulatedBoard(board, interval_s=interval, speed=1.0 if speed is None else speed, **kw)
-        except TargetError as exc:
-            raise TelemetryError(f"sim: {exc}") from exc
-    raise TelemetryError(
-        f"unknown telemetry source '{item}'; use auto, tegrastats[:PATH], jtop, sysfs[:ROOT], "
-        "replay:FILE[@SPEED] or sim:BOARD[@SPEED]"
-    )
+    if kind not in SOURCE_KINDS:
+        raise TelemetryError(f"unknown telemetry source '{item}'; use {source_usage()}")
+    return SOURCE_KINDS[kind].open(arg, interval, kw)
 
 
 Subscriber = Callable[[Sample], Any]

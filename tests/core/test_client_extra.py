@@ -91,9 +91,3 @@ def test_the_demo_skips_serving_without_the_extra(no_tritonclient, tmp_path, cap
     assert _serve(tmp_path, "orin-nano-8gb", 5) is None
     out = capsys.readouterr().out
     assert "skipping the serving step" in out and "cuvil-edge[client]" in out
-
-
-def test_load_generator_exports():
-    from cuvil_edge import loadgen
-
-    assert sorted(loadgen.__all__) == ["ClientMissing", "serve_and_measure", "start_daemon"]

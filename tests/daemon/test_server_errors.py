@@ -10,6 +10,7 @@ import time
 import numpy as np
 import pytest
 import tritonclient.http as httpclient
+from polling import wait_until
 from tritonclient.utils import InferenceServerException
 
 
@@ -24,6 +25,16 @@ def _post(daemon, path: str, body: bytes, headers: dict[str, str] | None = None)
         conn.close()
 
 
+def _get(daemon, path: str) -> tuple[int, dict, str]:
+    conn = http.client.HTTPConnection(*daemon.host_port, timeout=10)
+    try:
+        conn.request("GET", path)
+        resp = conn.getresponse()
+        return resp.status, dict(resp.getheaders()), resp.read().decode(errors="replace")
+    finally:
+        conn.close()
+
+
 def _error(text: str) -> str:
     return json.loads(text)["error"]
 
@@ -31,8 +42,25 @@ def _error(text: str) -> str:
 def _infer_ok(daemon, digits_data) -> None:
     inp = httpclient.InferInput("input", [1, 1, 8, 8], "FP32")
     inp.set_data_from_numpy(np.ascontiguousarray(digits_data[:1]))
-    r = daemon.client().infer("digits", [inp])
-    assert r.as_numpy("logits").shape == (1, 10)
+    client = daemon.client()
+    try:
+        assert client.infer("digits", [inp]).as_numpy("logits").shape == (1, 10)
+    finally:
+        client.close()  # its connection does not count in _connections() afterwards
+
+
+def _connections(daemon) -> int:
+    """The daemon's open client connections (``cuvil_server_connections``), this scrape's included."""
+    _, _, text = _get(daemon, "/metrics")
+    for line in text.splitlines():
+        if line.startswith("cuvil_server_connections "):
+            return int(float(line.rpartition(" ")[2]))
+    raise AssertionError("cuvil_server_connections missing from /metrics")
+
+
+def _dropped(daemon, baseline: int) -> bool:
+    """Whether the daemon has closed every connection opened since ``baseline`` was read."""
+    return _connections(daemon) <= baseline
 
 
 def _json_body(data=None, shape=(1, 1, 8, 8), datatype="FP32", name="input", **extra) -> bytes:
@@ -165,6 +193,7 @@ class TestTransportErrors:
         full = header + np.ones((8, 1, 8, 8), np.float32).tobytes()
         head = (f"POST /v2/models/digits/infer HTTP/1.1\r\nHost: x\r\nContent-Length: {len(full)}\r\n"
                 f"Inference-Header-Content-Length: {len(header)}\r\n\r\n").encode()
+        baseline = _connections(daemon)
         # Mid-body: headers and half the body, then gone.
         raw(host, port, head + full[: len(full) // 2], read=False)
         # Mid-request after the body: the answer has nowhere to go.
@@ -172,7 +201,7 @@ class TestTransportErrors:
             raw(host, port, head + full, read=False)
         # Mid-headers.
         raw(host, port, head[:20], read=False)
-        time.sleep(0.3)
+        wait_until(lambda: _dropped(daemon, baseline), "the daemon to drop the abandoned connections")
         _infer_ok(daemon, digits_data)
         stats = daemon.client().get_inference_statistics("digits")["model_stats"][0]
         served = stats["inference_stats"]["success"]["count"]
@@ -197,11 +226,12 @@ class TestTransportErrors:
                 if i % 10 == 0:
                     _infer_ok(daemon, digits_data)
 
+        baseline = _connections(daemon)
         abuse(40)
-        time.sleep(0.3)
+        wait_until(lambda: _dropped(daemon, baseline), "the daemon to drop the abandoned connections")
         base = daemon.rss_kb()
         abuse(200)
-        time.sleep(0.5)
+        wait_until(lambda: _dropped(daemon, baseline), "the daemon to drop the abandoned connections")
         grown_mb = (daemon.rss_kb() - base) / 1024
         assert grown_mb < 20, f"RSS grew {grown_mb:.1f} MB over 200 rounds (200 MB of abandoned bodies)"
         _infer_ok(daemon, digits_data)

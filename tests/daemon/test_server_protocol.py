@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tritonclient.http as httpclient
+from polling import wait_until
 from tritonclient.utils import InferenceServerException
 
 
@@ -196,21 +197,29 @@ class TestMetrics:
             bad = httpclient.InferInput("input", [1, 1, 8, 9], "FP32")
             bad.set_data_from_numpy(np.zeros((1, 1, 8, 9), np.float32))
             c.infer("digits", [bad])
-        import time
-
-        time.sleep(1.5)  # a few ticks: telemetry samples and prefetch decisions
-        conn = http.client.HTTPConnection(*d.host_port)
-        conn.request("GET", "/metrics")
-        resp = conn.getresponse()
-        text = resp.read().decode()
-        conn.close()
-        assert resp.status == 200 and resp.getheader("content-type").startswith("text/plain")
         labels = '{model="digits",version="1.0.0"}'
-        values = {}
-        for line in text.splitlines():
-            if line and not line.startswith("#"):
-                key, _, val = line.rpartition(" ")
-                values[key] = float(val)
+
+        def scrape() -> dict[str, float]:
+            conn = http.client.HTTPConnection(*d.host_port)
+            conn.request("GET", "/metrics")
+            resp = conn.getresponse()
+            text = resp.read().decode()
+            conn.close()
+            assert resp.status == 200 and resp.getheader("content-type").startswith("text/plain")
+            values = {}
+            for line in text.splitlines():
+                if line and not line.startswith("#"):
+                    key, _, val = line.rpartition(" ")
+                    values[key] = float(val)
+            return values
+
+        def ticked() -> dict[str, float] | None:
+            values = scrape()
+            sampled = any(k.startswith("cuvil_board_power_milliwatts{") for k in values)
+            return values if sampled and f"cuvil_prefetch_depth{labels}" in values else None
+
+        # A few ticks: telemetry samples and prefetch decisions.
+        values = wait_until(ticked, "a telemetry sample and a prefetch decision in /metrics")
         assert values[f"nv_inference_request_success{labels}"] == 5
         assert values[f"nv_inference_request_failure{labels}"] == 1
         assert values[f"nv_inference_count{labels}"] == 10

@@ -8,6 +8,7 @@ import time
 
 import numpy as np
 import tritonclient.http as httpclient
+from polling import wait_until
 
 
 def _drain(sock: socket.socket, messages: list[tuple[float, str]]) -> None:
@@ -52,10 +53,12 @@ def test_sd_notify_ready_after_warmup_watchdog_and_stopping(tmp_path, store, dae
         before = [m for t, m in messages if t < ready_at]
         assert not any("WATCHDOG=1" in m for m in before)
         assert any(m.startswith("STATUS=loading models") for m in before)
-        time.sleep(0.6)
-        _drain(sock, messages)
-        pings = [t for t, m in messages if m == "WATCHDOG=1"]
-        assert len(pings) >= 3
+
+        def three_pings() -> bool:
+            _drain(sock, messages)
+            return sum(m == "WATCHDOG=1" for _, m in messages) >= 3
+
+        wait_until(three_pings, "three watchdog pings (WATCHDOG_USEC=400000)", timeout=20)
         d.send(signal.SIGTERM)
         assert d.proc.wait(30) == 0
         _drain(sock, messages)

@@ -112,11 +112,22 @@ class TestCompatible:
         assert ("36.4.3", "10.3.0") in [(r.l4t, r.tensorrt) for r in board.releases]
 
 
-def test_exported_members():
-    import cuvil_edge.deploy as deploy
+class TestPackageOnly:
+    def test_jetpack5_is_refused_with_one_line(self):
+        from cuvil_edge.deploy.probe import PackageOnlyDevice, refuse_package_only
 
-    assert deploy.__all__ == sorted(deploy.__all__)
-    for name in deploy.__all__:
-        assert getattr(deploy, name) is not None
-    assert {"deploy_device", "rollout", "rollback_device", "device_status", "install_daemon",
-            "prepare_bundle", "DeviceAddress", "RolloutPolicy"} <= set(deploy.__all__)
+        jp5 = DeviceFacts(arch="aarch64", profile="orin-nano-8gb", l4t="35.5.0", tensorrt="8.5.2")
+        with pytest.raises(PackageOnlyDevice) as err:
+            refuse_package_only(jp5, "nano-1")
+        msg = str(err.value)
+        assert "\n" not in msg and msg.startswith("nano-1: L4T 35.5.0 is JetPack 5")
+        assert "Python 3.8" in msg and "package-only" in msg and "trtexec" in msg
+        refuse_package_only(TestCompatible.orin)  # JetPack 6: fine
+        refuse_package_only(DeviceFacts(arch="aarch64"))  # no L4T (a plain arm64 board): fine
+
+    def test_targets_say_which_releases_are_package_only(self):
+        from cuvil_edge.targets import get_target
+
+        releases = {r.jetpack: r for r in get_target("orin-nano-8gb").releases}
+        assert releases["5.1.3"].package_only and releases["5.1.3"].python == "3.8"
+        assert not releases["6.0"].package_only and not releases["6.2"].package_only

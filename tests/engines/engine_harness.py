@@ -19,12 +19,31 @@ from deploy_harness import (  # noqa: E402
     write_known_hosts,
 )
 
-__all__ = ["DEVICE_CLI", "KEY_SLUG", "REPO", "Board", "fake_board", "make_engine_bundle", "make_key", "second_model"]
+__all__ = ["DEVICE_CLI", "KEY_SLUG", "PLAN_FIELDS", "bundle_key_slug", "REPO", "Board", "fake_board", "make_engine_bundle", "make_key", "second_model"]
 
 # How the device runs cuvil-edge: this checkout's code with the test interpreter (the venv's own
 # editable install points at another checkout, and sshd passes no environment).
 DEVICE_CLI = ["env", f"PYTHONPATH={REPO}", sys.executable, "-m", "cuvil_edge.cli"]
-KEY_SLUG = "l4t-36.4.3_trt-10.3.0_sm8.7_dlanone"  # fake_board("orin-nano-jp62") + orin-nano-8gb's SM
+# What make_engine_bundle plans for (the digits CNN's [N, 1, 8, 8] input): its plan digest is in the key.
+PLAN_FIELDS = {"precision": "fp32", "max_batch": 8, "model": "model.onnx",
+               "inputs": [{"name": "input", "dtype": "float32", "shape": [-1, 1, 8, 8]}]}
+
+
+def bundle_key_slug(module: str = "orin-nano-8sm-8gb") -> str:
+    """The engine key of make_engine_bundle's JetPack 6.2 plan on a board of ``module``
+    (fake_board("orin-nano-jp62") is an Orin Nano 8GB)."""
+    from cuvil_edge.bundle.engine_key import EngineKey
+    from cuvil_edge.models import build_digits_cnn
+    from cuvil_edge.packager.engine_plan import make_build_plan
+    from cuvil_edge.targets import get_target
+
+    t = get_target("orin-nano-8gb")
+    plan = make_build_plan(build_digits_cnn(), PLAN_FIELDS, t, next(r for r in t.releases if r.jetpack == "6.2"))
+    key = EngineKey.from_dict(plan["engine_key"])
+    return EngineKey(module, key.l4t, key.tensorrt, key.sm, key.dla_core, key.plan).slug
+
+
+KEY_SLUG = bundle_key_slug()
 
 
 def make_engine_bundle(out: Path, secret_key: Path, version: str, model: Path, name: str = "digits") -> Path:
@@ -54,10 +73,9 @@ def make_engine_bundle(out: Path, secret_key: Path, version: str, model: Path, n
     manifest = {
         "name": name, "version": version,
         "target": {"name": t.name, "arch": t.arch, "gpu_sm": t.gpu_sm, "releases": [r.__dict__ for r in releases]},
-        "precision": "fp32", "format_kind": "tensorrt", "model": "model.onnx",
-        "inputs": [{"name": "input", "dtype": "float32", "shape": [-1, 1, 8, 8]}],
+        **PLAN_FIELDS, "format_kind": "tensorrt",
         "outputs": [{"name": "logits", "dtype": "float32", "shape": [-1, 10]}],
-        "max_batch": 8, "preprocess": {"kind": "none"}, "postprocess": {"kind": "none"},
+        "preprocess": {"kind": "none"}, "postprocess": {"kind": "none"},
         "validation": {"report": "validation.json", "sample_inputs": "sample/inputs.npz",
                        "sample_expected": "sample/expected.npz", "rtol": 1e-3, "atol": 1e-3},
         "engines": [], "build_plans": [],

@@ -12,7 +12,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from cuvil_edge.bundle.engine_key import EngineKey, engine_cache_key
+from cuvil_edge.bundle.engine_key import EngineKey, engine_cache_key, plan_digest
 from cuvil_edge.bundle.engine_plan import PLAN_FORMAT, load_plan, validate_plan
 from cuvil_edge.bundle.engine_store import EngineStore
 from cuvil_edge.errors import CuvilEdgeError, ModelError, RecipeError
@@ -82,9 +82,12 @@ class TestPlans:
         assert plan["profiles"] == [{"input": {"min": [1, 3, 224, 224], "opt": [8, 3, 224, 224],
                                                "max": [8, 3, 224, 224]}}]
         assert plan["dla"] is None
-        assert plan["engine_key"] == {"l4t": "36.4.3", "tensorrt": "10.3.0", "sm": "8.7", "dla_core": None}
-        assert plan["engine_file"] == "l4t-36.4.3_trt-10.3.0_sm8.7_dlanone.engine"
-        assert plan["timing_cache"] == "timing_l4t-36.4.3_trt-10.3.0_sm8.7.cache"
+        digest = plan_digest(plan)
+        assert plan["engine_key"] == {"module": "orin-nano-8sm-8gb", "l4t": "36.4.3", "tensorrt": "10.3.0",
+                                      "sm": "8.7", "dla_core": None, "plan": digest}
+        slug = f"orin-nano-8sm-8gb_l4t-36.4.3_trt-10.3.0_sm8.7_dlanone_plan-{digest}"
+        assert plan["engine_file"] == f"{slug}.engine" and plan["timing_cache"] == f"{slug}.timing.cache"
+        assert "trtexec_command" not in plan  # TensorRT 10 on JetPack 6: cuvil-edge builds it on the board
         assert plan["model"]["sha256"] == __import__("hashlib").sha256(models["effnet"].read_bytes()).hexdigest()
         assert plan["build_command"][:4] == ["cuvil-edge", "engine", "build", "--plan"]
         assert plan["model"]["path"] == "model.onnx" and plan["unresolved_inputs"] == []
@@ -102,8 +105,14 @@ class TestPlans:
         assert plan["dla"] == {"core": 1, "gpu_fallback": True}
         # DLA takes fixed shapes: min = opt = max
         assert plan["profiles"] == [{"input": {"min": [4, 1, 8, 8], "opt": [4, 1, 8, 8], "max": [4, 1, 8, 8]}}]
-        assert plan["engine_file"] == "l4t-35.5.0_trt-8.5.2_sm7.2_dla1.engine"
+        assert plan["engine_file"].startswith("agx-xavier-8sm-32gb_l4t-35.5.0_trt-8.5.2_sm7.2_dla1_plan-")
         assert any("Q/DQ on DLA" in w for w in plan["warnings"])
+        # JetPack 5 is package-only: the plan says how to build the engine by hand.
+        assert plan["trtexec_command"] == [
+            "/usr/src/tensorrt/bin/trtexec", "--onnx=model.onnx", f"--saveEngine={plan['engine_file']}",
+            f"--timingCacheFile={plan['timing_cache']}", "--memPoolSize=workspace:4096", "--fp16", "--int8",
+            "--minShapes=input:4x1x8x8", "--optShapes=input:4x1x8x8", "--maxShapes=input:4x1x8x8",
+            "--useDLACore=1", "--allowGPUFallback"]
 
     def test_xavier_trt82_uses_the_old_workspace_api(self, models):
         plan = make_build_plan(models["digits"], {"precision": "fp16"}, get_target("xavier-nx"),
@@ -140,6 +149,22 @@ class TestPlans:
         assert plan["precision_mode"] == "strongly_typed"
         assert plan["network_flags"] == ["STRONGLY_TYPED"] and plan["builder_flags"] == []
 
+    def test_no_trt8_plan_is_strongly_typed(self, models):
+        """TensorRT 8.x has no NetworkDefinitionCreationFlag.STRONGLY_TYPED (new in 10.0)."""
+        plans = make_build_plans(models["qdq"], {"precision": "int8", "engine": {"strongly_typed": True}},
+                                 get_target("agx-orin-64gb"))
+        by_trt = {p["tensorrt"]: p for p in plans}
+        for trt in ("8.5.2", "8.6.2"):
+            assert "STRONGLY_TYPED" not in by_trt[trt]["network_flags"], trt
+            assert by_trt[trt]["precision_mode"] == "builder_flags"
+            assert any("need TensorRT >= 10" in w for w in by_trt[trt]["warnings"])
+            assert by_trt[trt]["trtexec_command"][0].endswith("trtexec")
+            assert "--stronglyTyped" not in by_trt[trt]["trtexec_command"]
+        assert by_trt["10.3.0"]["network_flags"] == ["STRONGLY_TYPED"]
+        edited = {**by_trt["8.6.2"], "network_flags": ["EXPLICIT_BATCH", "STRONGLY_TYPED"]}
+        with pytest.raises(ModelError, match="STRONGLY_TYPED needs TensorRT >= 10"):
+            validate_plan(edited)
+
     def test_qdq_model_gets_int8_even_when_labelled_mixed(self, models):
         plan = make_build_plan(models["qdq"], {"precision": "mixed"}, get_target("orin-nano-8gb"),
                                _release("orin-nano-8gb", "6.2"))
@@ -151,6 +176,7 @@ class TestPlans:
         assert [p["tensorrt"] for p in plans] == ["8.5.2", "8.6.2", "10.3.0"]
         assert all(p["dla"] == {"core": 0, "gpu_fallback": True} for p in plans)
         assert len({p["engine_file"] for p in plans}) == 3
+        assert ["trtexec_command" in p for p in plans] == [True, True, False]
 
     def test_bad_inputs(self, models, tmp_path):
         nano, rel = get_target("orin-nano-8gb"), _release("orin-nano-8gb", "6.2")
@@ -197,12 +223,16 @@ class TestPlans:
         onnx.save(helper.make_model(helper.make_graph([node], "p", [x], [vals, idx]),
                                     opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("cuvil", 1)]),
                   str(path))
-        plan = make_build_plan(path, {"max_batch": 4}, get_target("orin-nano-8gb"), _release("orin-nano-8gb", "6.2"))
+        # JetPack 6.2's TensorRT 10.3 has no tensorrt.plugin and no C++ plugin library is shipped:
+        # refused at package time, with the reason.
+        with pytest.raises(ModelError, match=r"cuvil::topk.*TensorRT 10.3.0 \(JetPack 6.2\) has no tensorrt.plugin"):
+            make_build_plan(path, {"max_batch": 4}, get_target("orin-nano-8gb"), _release("orin-nano-8gb", "6.2"))
+        plan = make_build_plan(path, {"max_batch": 4}, get_target("agx-thor"), _release("agx-thor", "7.0"))
         assert plan["plugins"] == ["cuvil::topk"]
         # The builder registers the plugins before parsing; without tensorrt.plugin that fails clearly.
         from trt_recorder import make_tensorrt
 
-        monkeypatch.setitem(sys.modules, "tensorrt", make_tensorrt("10.3.0")[0])
+        monkeypatch.setitem(sys.modules, "tensorrt", make_tensorrt("10.13.3")[0])
         with pytest.raises(ModelError, match=r"tensorrt >= 10.6 with tensorrt.plugin"):
             EngineFromOnnx(path, plan)()
 
@@ -213,27 +243,38 @@ class TestPlans:
 
 class TestKeysAndCache:
     def test_key_is_stable(self, models):
-        key = engine_cache_key("36.4.3", "10.3.0", "8.7", None)
-        assert str(key) == "l4t-36.4.3_trt-10.3.0_sm8.7_dlanone"
-        assert key == engine_cache_key("36.4.3", "10.3.0", "8.7") and hash(key) == hash(EngineKey("36.4.3", "10.3.0", "8.7"))
-        assert engine_cache_key("36.4.3", "10.3.0", "8.7", 0).filename == "l4t-36.4.3_trt-10.3.0_sm8.7_dla0.engine"
+        key = engine_cache_key("orin-nano-8sm-8gb", "36.4.3", "10.3.0", "8.7", None, "0123456789ab")
+        assert str(key) == "orin-nano-8sm-8gb_l4t-36.4.3_trt-10.3.0_sm8.7_dlanone_plan-0123456789ab"
+        assert key == EngineKey("orin-nano-8sm-8gb", "36.4.3", "10.3.0", "8.7", None, "0123456789ab")
         assert EngineKey.from_dict(key.to_dict()) == key
+        with pytest.raises(ModelError, match="lacks field 'module'"):
+            EngineKey.from_dict({"l4t": "36.4.3", "tensorrt": "10.3.0", "sm": "8.7", "dla_core": None})
         target, rel = get_target("orin-nano-8gb"), _release("orin-nano-8gb", "6.2")
         a = make_build_plan(models["effnet"], {"precision": "fp16"}, target, rel)
         b = make_build_plan(models["effnet"], {"precision": "fp16"}, target, rel)
         assert json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
-        # Same board type, different model -> same key, different cache entry.
+        assert a["engine_key"]["plan"] == plan_digest(a)
+        # Another module of the same SM: another key for the same bundle.
+        agx = make_build_plan(models["effnet"], {"precision": "fp16"}, get_target("agx-orin-64gb"), rel)
+        assert agx["engine_key"]["module"] == "agx-orin-16sm-64gb" and agx["engine_file"] != a["engine_file"]
+        # Same board and shapes, different model -> same key, different cache entry.
         c = make_build_plan(models["digits"], {"precision": "fp16"}, target, rel)
-        assert c["engine_key"] == a["engine_key"]
-        store, key = EngineStore(Path("/nonexistent-root")), EngineKey.from_dict(a["engine_key"])
-        assert store.plan_path(key, a["model"]["sha256"]) != store.plan_path(key, c["model"]["sha256"])
+        d = make_build_plan(models["digits"], {"precision": "fp16", "max_batch": 1}, target, rel)
+        assert c["engine_key"] == d["engine_key"]
+        store, key = EngineStore(Path("/nonexistent-root")), EngineKey.from_dict(c["engine_key"])
+        assert store.plan_path(key, c["model"]["sha256"]) != store.plan_path(key, a["model"]["sha256"])
+        e = make_build_plan(models["digits"], {"precision": "fp16", "max_batch": 4}, target, rel)
+        assert e["engine_key"]["plan"] != c["engine_key"]["plan"]
 
-    @pytest.mark.parametrize("bad", [("", "10.3.0", "8.7"), ("36.4.3", "10_3", "8.7"), ("36.4.3", "10.3.0", "../x")])
+    @pytest.mark.parametrize("bad", [("", "36.4.3", "10.3.0", "8.7", None, "ab"),
+                                     ("m", "36.4.3", "10_3", "8.7", None, "ab"),
+                                     ("m", "36.4.3", "10.3.0", "../x", None, "ab"),
+                                     ("m", "36.4.3", "10.3.0", "8.7", None, "")])
     def test_key_rejects_ambiguous_parts(self, bad):
         with pytest.raises(ModelError, match="engine key"):
             engine_cache_key(*bad)
         with pytest.raises(ModelError, match="dla_core"):
-            engine_cache_key("36.4.3", "10.3.0", "8.7", -1)
+            engine_cache_key("m", "36.4.3", "10.3.0", "8.7", -1, "ab")
 
     def test_plan_files_validate(self, models, tmp_path):
         plan = make_build_plan(models["digits"], {}, get_target("orin-nano-8gb"), _release("orin-nano-8gb", "6.2"))
@@ -249,6 +290,8 @@ class TestKeysAndCache:
             validate_plan({**plan, "format": "other/1"})
         with pytest.raises(ModelError, match="engine_file"):
             validate_plan({**plan, "engine_file": "x.engine"})
+        with pytest.raises(ModelError, match="edited after packaging"):
+            validate_plan({**plan, "max_batch": 64})
         broken = dict(plan)
         del broken["profiles"]
         with pytest.raises(ModelError, match="'profiles'"):
@@ -300,6 +343,21 @@ class TestBuilder:
         assert [c[1][0] for c in calls if c[0] == "config.set_flag"] == ["BuilderFlag.FP16", "BuilderFlag.INT8"]
         assert by_name["config.set_memory_pool_limit"][1] == ("MemoryPoolType.WORKSPACE", 4 << 30)  # AGX Orin 64 GB: capped
         assert by_name["profile.set_shape"][1] == ("input", (1, 1, 8, 8), (4, 1, 8, 8), (4, 1, 8, 8))
+
+    def test_a_refused_timing_cache_starts_fresh(self, models, tmp_path, monkeypatch, caplog):
+        from trt_recorder import make_tensorrt
+
+        trt, calls = make_tensorrt("10.3.0", cache_refused=True)
+        monkeypatch.setitem(sys.modules, "tensorrt", trt)
+        cache = tmp_path / "t.cache"
+        cache.write_bytes(b"cache from another TensorRT")
+        EngineFromOnnx(models["qdq"], self._plan(models, precision="int8", model="qdq"), timing_cache=cache)()
+        lines = [r.getMessage() for r in caplog.records]
+        made = [c[1][0] for c in calls if c[0] == "config.create_timing_cache"]
+        assert made == [b"cache from another TensorRT", b""]
+        assert [c[0] for c in calls].count("config.set_timing_cache") == 2
+        assert any("refused by TensorRT 10.3.0; starting a fresh one" in ln for ln in lines)
+        assert cache.read_bytes() == b"timing-bytes"
 
     def test_trt11_builds_strongly_typed_without_flags(self, models, monkeypatch):
         from trt_recorder import make_tensorrt, names

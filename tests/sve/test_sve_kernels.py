@@ -19,7 +19,27 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import sve_kernel_cases as cases  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
-AVAILABLE = sve.cpu_info()["available"]
+
+
+def _isas_to_collect() -> tuple[str, ...]:
+    """The ISAs this CPU offers when the host library is built, else every ISA.
+
+    Collection must not need the native library (``pytest --collect-only`` on a fresh checkout): without
+    it every ISA is collected, the ``host_build`` fixture builds the library when a test runs, and a test
+    of an ISA the CPU lacks skips.
+    """
+    try:
+        return tuple(sve.cpu_info()["available"])
+    except KernelError:
+        return sve.ISAS
+
+
+ISAS_TO_TEST = _isas_to_collect()
+
+
+def available() -> list[str]:
+    """The ISAs this CPU offers; call only in a test (the autouse fixture has built the library)."""
+    return list(sve.cpu_info()["available"])
 
 
 @pytest.fixture(autouse=True)
@@ -28,18 +48,18 @@ def _built(host_build):
     sve.select_isa(None)
 
 
-@pytest.mark.parametrize("isa", AVAILABLE)
+@pytest.mark.parametrize("isa", ISAS_TO_TEST)
 @pytest.mark.parametrize("case", cases.CASES, ids=lambda c: c.__name__)
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_case_matches_reference(case, isa, seed):
+    if isa not in available():
+        pytest.skip(f"this CPU lacks {isa}")
     sve.select_isa(isa)
     case(np.random.default_rng(seed))
 
 
 class TestExports:
-    def test_all_names_resolve(self):
-        for name in sve.__all__:
-            assert hasattr(sve, name), name
+    def test_ops(self):
         assert set(sve.OPS) == {"normalize", "resize_normalize", "quantize", "dequantize", "softmax_topk", "nms"}
 
 
@@ -288,14 +308,14 @@ class TestLoading:
 
     @pytest.mark.parametrize("isa,msg", [("bogus", "not an ISA"), ("sve2", "lacks sve2")])
     def test_force_isa_refuses(self, isa, msg):
-        if isa in AVAILABLE:
+        if isa in available():
             pytest.skip(f"this CPU offers {isa}")
         p = self._python("from cuvil_edge import sve; sve.cpu_info()", CUVIL_FORCE_ISA=isa)
         assert p.returncode != 0
         assert "KernelError" in p.stderr and msg in p.stderr and "CUVIL_FORCE_ISA" in p.stderr
 
     def test_select_isa_refuses_missing(self):
-        missing = [i for i in sve.ISAS if i not in AVAILABLE]
+        missing = [i for i in sve.ISAS if i not in available()]
         if not missing:
             pytest.skip("every ISA available")
         with pytest.raises(KernelError, match="lacks"):

@@ -89,7 +89,7 @@ class TestImplementationsAgree:
     def test_python_plugin_module_imports_without_tensorrt(self):
         from cuvil_edge.trt_plugins import _python
 
-        assert _python.__all__ == ["register"]
+        assert callable(_python.register)
 
     def test_python_plugin_registers_every_spec(self):
         tree = ast.parse((cpp_source_dir().parent / "_python.py").read_text())

@@ -24,6 +24,7 @@ from cuvil_edge.runtime.trt.device_memory import DeviceOps, PyCudaOps
 from cuvil_edge.runtime.trt.engine_choice import local_l4t, select_engine
 from cuvil_edge.runtime.trt.io_buffers import IOSlot, TensorBinding, choose_placement, pad_batch
 from cuvil_edge.runtime.trt.scratch import ScratchArena, shared_arena
+from cuvil_edge.runtime.trt.startup import cuda_startup_bytes
 from cuvil_edge.runtime.trt.tensorrt_import import (
     TensorRTMissing,
     import_pycuda,
@@ -39,6 +40,10 @@ def declared_specs(manifest: Manifest) -> tuple[list[TensorSpec], list[TensorSpe
     return ([TensorSpec.from_manifest(e) for e in manifest.inputs],
             [TensorSpec.from_manifest(e) for e in manifest.outputs])
 
+
+# Which TensorRT backend of this process carries the CUDA/TensorRT start-up memory in its footprint
+# (the process pays it once, however many engines it serves).
+_STARTUP_OWNER: dict[str, int] = {}
 
 class TrtBackend(Backend):
     """Runs a serialized TensorRT engine.
@@ -81,6 +86,7 @@ class TrtBackend(Backend):
         self._scratch = 0
         self._fixed_batch: int | None = None
         self.placement: str | None = None
+        self._trt_version = str(self.options.extra.get("tensorrt_version", ""))
 
     # ------------------------------------------------------------------ discovery
 
@@ -113,6 +119,8 @@ class TrtBackend(Backend):
 
     def activate_impl(self) -> None:
         trt = self._trt = import_tensorrt()
+        self._trt_version = str(trt.__version__)
+        _STARTUP_OWNER.setdefault("owner", id(self))
         if major_minor(trt.__version__) < (8, 5):
             raise DaemonError(f"TensorRT {trt.__version__} lacks the named-tensor API (set_tensor_address, "
                               "execute_async_v3, from 8.5); serve this model with the ONNX Runtime backend")
@@ -141,6 +149,10 @@ class TrtBackend(Backend):
 
             register_python_plugins()
         self._runtime = trt.Runtime(logger)
+        if self.options.dla_core is not None:
+            # A DLA engine runs on the core the runtime names at deserialization (IRuntime::setDLACore
+            # must come first); left unset, TensorRT uses core 0 whatever core the engine was built for.
+            self._runtime.DLA_core = int(self.options.dla_core)
         engine = self._engine = self._runtime.deserialize_cuda_engine(self.engine_path.read_bytes())
         if engine is None:
             raise DaemonError(f"{self.engine_path}: TensorRT {trt.__version__} could not deserialize the engine "
@@ -192,6 +204,8 @@ class TrtBackend(Backend):
         return ctx
 
     def deactivate_impl(self) -> None:
+        if _STARTUP_OWNER.get("owner") == id(self):
+            del _STARTUP_OWNER["owner"]
         if self._arena is not None:
             self._arena.unregister(self._owner)
         if self._cuda_ctx is not None:
@@ -263,7 +277,21 @@ class TrtBackend(Backend):
                 batch * int(np.prod([d if d > 0 else 1 for d in spec.shape[1:]], dtype=np.int64)) * spec.dtype.itemsize
                 for spec in (*self._declared[0], *self._declared[1])
             )
-        return Footprint(weights=weights, workspace=self._scratch, io=io, measured=False)
+        return Footprint(weights=weights, workspace=self._scratch, io=io, measured=False,
+                         startup=self._startup_bytes())
+
+    def _startup_bytes(self) -> int:
+        """CUDA and TensorRT start-up memory, counted by the first TensorRT backend of the process."""
+        owner = _STARTUP_OWNER.get("owner")
+        if owner is not None and owner != id(self):
+            return 0
+        version = self._trt_version
+        if not version:
+            try:
+                version = installed_tensorrt_version()
+            except TensorRTMissing:
+                return 0
+        return cuda_startup_bytes(version)
 
 
 def run_slot(

