@@ -33,7 +33,7 @@ import onnx
 
 from cuvil_edge.errors import QuantizationError
 from cuvil_edge.packager.bias_correction import correct_biases
-from cuvil_edge.packager.calibrate import ORT_CACHE_METHOD, check_method, collect_ranges
+from cuvil_edge.packager.calibrate import ORT_CACHE_METHOD, check_method, collect_ranges, mixed_range_nodes, output_tensors
 from cuvil_edge.packager.data import Dataset
 from cuvil_edge.packager.emulate import emulate_fp16
 from cuvil_edge.packager.load import upgrade_opset
@@ -262,6 +262,7 @@ class Quantizer:
         if unmatched:
             raise QuantizationError(f"exclude pattern '{unmatched[0]}' matches no node name or op type of the model")
         self.range_split: list[dict[str, Any]] = []
+        self.unclipped: set[str] = set()
         self.bias_correction = bias_correction
         # (prepared float model, per-Conv input means), computed on the first quantize() only.
         self._bias_reference: tuple[onnx.ModelProto, dict[str, np.ndarray]] | None = None
@@ -311,7 +312,14 @@ class Quantizer:
         convs = [n for n in prepared.graph.node if n.op_type == "Conv" and n.name] if self.bias_correction else []
         collector = collect_ranges(prepared, self.calibration, on_batch=lambda d, t: self._bar("calibrating", d, t),
                                    channel_means_of={n.input[0] for n in convs})
-        save_tensors_data(collector.tensors_data(self.method, self.form.symmetric_activations), self._cache)
+        self.unclipped = output_tensors(prepared)
+        save_tensors_data(collector.tensors_data(self.method, self.form.symmetric_activations,
+                                                 unclipped=self.unclipped), self._cache)
+        # Nodes that would put inputs of very different ranges under one scale stay in float.
+        self.range_split = mixed_range_nodes(prepared, collector, self.method, self.form.symmetric_activations)
+        for found in self.range_split:
+            self._progress(f"keeping {found['node']} in float: {found['why']}")
+        self.excluded += [f["node"] for f in self.range_split if f["node"] not in self.excluded]
         means = collector.channel_means()
         self._bias_reference = (prepared, {n.name: means[n.input[0]] for n in convs if n.input[0] in means})
 
