@@ -209,7 +209,7 @@ def validate_cmd(
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
     """Compare a quantized model with its original; exit 1 when the recipe's accuracy goal is missed."""
-    from cuvil_edge.packager.data import load_dataset
+    from cuvil_edge.packager.data import load_dataset, with_batch_axes
     from cuvil_edge.packager.load import load_model, model_inputs
     from cuvil_edge.packager.package import resolve_model
     from cuvil_edge.packager.quantize import target_arithmetic
@@ -220,7 +220,8 @@ def validate_cmd(
     ref = load_model(resolve_model(reference))
     cand = load_model(candidate)
     pre = rec.preprocess if rec else {"kind": "none"}
-    data = load_dataset(eval_data, model_inputs(ref), pre, samples, seed=100)
+    data = load_dataset(eval_data, with_batch_axes(model_inputs(ref), rec.batch_axes if rec else None), pre,
+                        samples, seed=100)
     kind = rec.postprocess.get("kind", "classification") if rec else "classification"
     # The candidate as the target computes it (exact Q/DQ emulation), not through this host's INT8 kernels.
     report = validate_models(make_session(ref), make_session(target_arithmetic(cand)), data, kind,

@@ -201,7 +201,7 @@ def _check_shape(arr: np.ndarray, spec: InputSpec, where: str) -> np.ndarray:
     arr = np.asarray(arr)
     bad = (f"{where}: sample has shape {list(arr.shape)}, model input '{spec.name}' expects "
            f"{list(spec.shape)}" + (f" (batch axis {spec.batch_axis})" if spec.batch_axis else ""))
-    if spec.batch_axis is None:
+    if spec.batch_axis is None or rank == 0:  # a scalar input has no batch axis, whatever it says
         if arr.ndim == rank:
             arr = arr[None]
         if arr.ndim != rank + 1:

@@ -33,7 +33,13 @@ import onnx
 
 from cuvil_edge.errors import QuantizationError
 from cuvil_edge.packager.bias_correction import correct_biases
-from cuvil_edge.packager.calibrate import ORT_CACHE_METHOD, check_method, collect_ranges, mixed_range_nodes, output_tensors
+from cuvil_edge.packager.calibrate import (
+    ORT_CACHE_METHOD,
+    check_method,
+    collect_ranges,
+    mixed_range_nodes,
+    output_tensors,
+)
 from cuvil_edge.packager.data import Dataset
 from cuvil_edge.packager.emulate import emulate_fp16
 from cuvil_edge.packager.load import upgrade_opset
@@ -112,6 +118,21 @@ def name_unnamed_nodes(model: onnx.ModelProto) -> onnx.ModelProto:
 
     collect(out.graph)
     assign(out.graph, "")
+    return out
+
+
+def _constant_inputs_dropped(model: onnx.ModelProto) -> onnx.ModelProto:
+    """``model`` without the graph inputs that are initializers too (exports of opset <= 9 list every
+    weight as an input): the quantizer and the search treat them as weights, and a variant that
+    reads a float copy of one would otherwise leave an input nobody feeds."""
+    inits = {i.name for i in model.graph.initializer}
+    if not any(i.name in inits for i in model.graph.input):
+        return model
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    keep = [i for i in out.graph.input if i.name not in inits]
+    del out.graph.input[:]
+    out.graph.input.extend(keep)
     return out
 
 
@@ -243,7 +264,7 @@ class Quantizer:
         check_method(method)
         if len(calibration) == 0:
             raise QuantizationError("no calibration samples")
-        self.model = name_unnamed_nodes(upgrade_opset(model))
+        self.model = name_unnamed_nodes(_constant_inputs_dropped(upgrade_opset(model)))
         self.runtime_format = runtime_format
         self.form = int8_form(runtime_format, arch)
         self.calibration = calibration
