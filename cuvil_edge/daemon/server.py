@@ -35,6 +35,7 @@ from cuvil_edge.daemon.accept import Acceptor, connection_cap, listen_tcp, liste
 from cuvil_edge.daemon.config import Config
 from cuvil_edge.daemon.gpu_metrics import GpuMetrics, power_limit_w
 from cuvil_edge.daemon.http import HttpProtocol
+from cuvil_edge.daemon.infer import MemoryRefused
 from cuvil_edge.daemon.kserve import App
 from cuvil_edge.daemon.limits import Limits
 from cuvil_edge.daemon.metrics import render_prometheus
@@ -225,13 +226,20 @@ class Server:
         self.revert_expired_switches()  # before loading: a reboot mid-deploy ends on the gated version
         self.resources.notify("STATUS=loading models")
         names = cfg.models or self.store.names()
+        failed: dict[str, str] = {}
         for name in names:
             try:
                 await self.registry.load(name)
             except CuvilEdgeError as exc:
                 if cfg.strict:
                     raise DaemonError(f"model {name!r} failed to load: {exc}") from exc
+                if not isinstance(exc, MemoryRefused):  # it may fit later: not a model that cannot serve
+                    failed[name] = str(exc)
                 log.error("model %s not served: %s", name, exc)
+        if failed and len(failed) == len(names):
+            # Serving nothing at all is a failed start (exit 3), not a daemon that reports ready.
+            raise DaemonError(f"no model can serve: {len(failed)} failed to load "
+                              f"({', '.join(sorted(failed))}); see the errors above")
         freeze_heap()
         self.state.ready = True
         self.state.phase = "ready"

@@ -40,7 +40,9 @@ from cuvil_edge.bundle.container import MANIFEST_NAME, SIGNATURE_NAME, iter_memb
 from cuvil_edge.deploy.activate import GATE_MARGIN_S
 from cuvil_edge.deploy.layout import DeviceActivating, DeviceBusy, DeviceLock, DeviceStore, check_component
 from cuvil_edge.deploy.probe import DeviceFacts, IncompatibleDevice, check_compatible, probe_device
-from cuvil_edge.deploy.transport import DeviceAddress, SSHTransport, Unreachable
+from cuvil_edge.deploy.transport import DeviceAddress, Unreachable
+from cuvil_edge.deploy.transport_base import Transport
+from cuvil_edge.deploy.transports import open_transport
 from cuvil_edge.deploy.upload import CorruptUpload, file_sha256, upload_resumable
 from cuvil_edge.errors import BundleError, DeployError
 
@@ -195,7 +197,7 @@ async def deploy_device(
     t0 = time.monotonic()
     try:
         options.check()
-        async with SSHTransport(address, options.connect_timeout) as tr:
+        async with open_transport(address, options.connect_timeout) as tr:
             await _deploy(tr, bundle, options, res, progress)
     except (DeployError, asyncssh.Error, OSError, asyncio.TimeoutError) as exc:
         _translate(res, address, exc)
@@ -204,7 +206,7 @@ async def deploy_device(
     return res
 
 
-async def _take_lock(tr: SSHTransport, progress: Progress, total: int) -> DeviceLock:
+async def _take_lock(tr: Transport, progress: Progress, total: int) -> DeviceLock:
     """The device lock; while the device still runs an earlier run's deploy step, wait for it."""
     lock = DeviceLock(tr)
     waited = False
@@ -221,7 +223,7 @@ async def _take_lock(tr: SSHTransport, progress: Progress, total: int) -> Device
             await asyncio.sleep(1.0)
 
 
-async def _deploy(tr: SSHTransport, bundle: PreparedBundle, options: DeployOptions, res: DeviceResult,
+async def _deploy(tr: Transport, bundle: PreparedBundle, options: DeployOptions, res: DeviceResult,
                   progress: Progress) -> None:
     label = tr.address.label
     store = DeviceStore(tr)
@@ -239,7 +241,7 @@ async def _deploy(tr: SSHTransport, bundle: PreparedBundle, options: DeployOptio
             await lock.release()  # a no-op once the device-side step took the lock over
 
 
-async def _deploy_locked(tr: SSHTransport, store: DeviceStore, bundle: PreparedBundle, options: DeployOptions,
+async def _deploy_locked(tr: Transport, store: DeviceStore, bundle: PreparedBundle, options: DeployOptions,
                          res: DeviceResult, progress: Progress, lock: DeviceLock) -> None:
     label = tr.address.label
     name, version = bundle.name, bundle.version
@@ -300,7 +302,7 @@ def _apply_outcome(res: DeviceResult, outcome: dict[str, Any]) -> None:
         res.status = "failed"
 
 
-async def _adopt(tr: SSHTransport, state: dict[str, Any], bundle: PreparedBundle, current: str | None,
+async def _adopt(tr: Transport, state: dict[str, Any], bundle: PreparedBundle, current: str | None,
                  res: DeviceResult) -> bool:
     """Report the device's outcome of an earlier run of this bundle that its host never read (its
     link dropped during the device step); True when that outcome answers this run."""
@@ -321,7 +323,7 @@ async def _adopt(tr: SSHTransport, state: dict[str, Any], bundle: PreparedBundle
     return True
 
 
-async def _ondevice(tr: SSHTransport, args: list[str], timeout: float, stdin: str | None = None) -> dict[str, Any]:
+async def _ondevice(tr: Transport, args: list[str], timeout: float, stdin: str | None = None) -> dict[str, Any]:
     """Run ``python -m cuvil_edge.deploy.ondevice ARGS`` on the device; its JSON answer."""
     import json
 
@@ -340,7 +342,7 @@ async def _ondevice(tr: SSHTransport, args: list[str], timeout: float, stdin: st
     return dict(answer)
 
 
-async def _ondevice_acked(tr: SSHTransport, args: list[str], timeout: float, first_line: str | None = None
+async def _ondevice_acked(tr: Transport, args: list[str], timeout: float, first_line: str | None = None
                           ) -> dict[str, Any]:
     """Run an ``ondevice`` step that answers with an outcome, and acknowledge the outcome once read.
 
@@ -349,14 +351,11 @@ async def _ondevice_acked(tr: SSHTransport, args: list[str], timeout: float, fir
     unseen and the next deploy reports it.
     """
     import json
-    import shlex
 
     a = tr.address
-    if tr.conn is None:
-        raise Unreachable(f"{a.label}: not connected")
     argv = [a.python, "-m", "cuvil_edge.deploy.ondevice", *args, "--ack-stdin"]
     try:
-        proc = await tr.conn.create_process(shlex.join(argv))
+        proc = await tr.process(argv)
         try:
             if first_line is not None:
                 proc.stdin.write(first_line + "\n")
@@ -382,10 +381,10 @@ async def _ondevice_acked(tr: SSHTransport, args: list[str], timeout: float, fir
         finally:
             proc.close()
     except (asyncssh.Error, OSError, asyncio.TimeoutError) as exc:
-        raise tr._error("run", f"ondevice {args[0]}", exc) from exc
+        raise tr.error("run", f"ondevice {args[0]}", exc) from exc
 
 
-async def _activate_on_device(tr: SSHTransport, name: str, version: str, sha256: str | None,
+async def _activate_on_device(tr: Transport, name: str, version: str, sha256: str | None,
                               options: DeployOptions, res: DeviceResult, progress: Progress,
                               lock: DeviceLock | None) -> dict[str, Any]:
     """Start the device-side transaction and return its outcome, reconnecting when the link drops.
@@ -441,7 +440,7 @@ async def _reconnect_and_wait(address: DeviceAddress, name: str, txn: str, optio
         if left <= 0:
             break
         try:
-            async with SSHTransport(address, max(1.0, min(options.connect_timeout, left))) as tr:
+            async with open_transport(address, max(1.0, min(options.connect_timeout, left))) as tr:
                 while True:
                     answer = await _ondevice_acked(tr, ["wait", "--store", address.store_root, "--name", name,
                                                         "--txn", txn, "--timeout", f"{max(1.0, min(20.0, left)):g}"],
@@ -465,7 +464,7 @@ async def _reconnect_and_wait(address: DeviceAddress, name: str, txn: str, optio
         f"and reverts an unconfirmed switch by {_iso(deadline_at)}: `cuvil-edge status` or a re-run shows the outcome")
 
 
-async def _install(tr: SSHTransport, store: DeviceStore, bundle: PreparedBundle, res: DeviceResult,
+async def _install(tr: Transport, store: DeviceStore, bundle: PreparedBundle, res: DeviceResult,
                    progress: Progress) -> None:
     label = tr.address.label
     name, version = bundle.name, bundle.version
@@ -511,7 +510,7 @@ async def _install(tr: SSHTransport, store: DeviceStore, bundle: PreparedBundle,
 
 
 @contextlib.asynccontextmanager
-async def _daemon_forward(tr: SSHTransport) -> AsyncIterator[str]:
+async def _daemon_forward(tr: Transport) -> AsyncIterator[str]:
     """The daemon's base URL, through an SSH port forward that lasts as long as the block."""
     async with tr.forward_local(tr.address.daemon_port) as port:
         yield f"http://127.0.0.1:{port}"
@@ -533,7 +532,7 @@ async def rollback_device(
     t0 = time.monotonic()
     try:
         options.check()
-        async with SSHTransport(address, options.connect_timeout) as tr:
+        async with open_transport(address, options.connect_timeout) as tr:
             lock = await _take_lock(tr, _noop, 0)
             try:
                 await _rollback(tr, res, name, version, options, lock)
@@ -546,7 +545,7 @@ async def rollback_device(
     return res
 
 
-async def _rollback(tr: SSHTransport, res: DeviceResult, name: str, version: str | None,
+async def _rollback(tr: Transport, res: DeviceResult, name: str, version: str | None,
                     options: DeployOptions, lock: DeviceLock) -> None:
     address = tr.address
     store = DeviceStore(tr)
@@ -577,7 +576,7 @@ async def device_status(address: DeviceAddress, name: str | None = None, options
     options = options or DeployOptions()
     out: dict[str, Any] = {"device": address.label, "reachable": False}
     try:
-        async with SSHTransport(address, options.connect_timeout) as tr:
+        async with open_transport(address, options.connect_timeout) as tr:
             out["reachable"] = True
             store = DeviceStore(tr)
             facts: DeviceFacts = await probe_device(tr)
@@ -634,9 +633,9 @@ async def _serving_engine(base: str, name: str, token: str | None) -> dict[str, 
 
 
 def _get(base: str, path: str, token: str | None) -> tuple[int, Any]:
-    from cuvil_edge.deploy.health import _HTTPFailure, daemon_request
+    from cuvil_edge.deploy.health import DaemonHTTPFailure, daemon_request
 
     try:
         return daemon_request(base, "GET", path, timeout=5.0, token=token)
-    except _HTTPFailure as exc:
+    except DaemonHTTPFailure as exc:
         raise DeployError(exc.message) from None

@@ -2,7 +2,10 @@
 
 The unit goes to ``<root>/etc/systemd/system/cuvil-edged.service`` (written through a temp file
 and a rename) and is enabled with a symlink in ``<root>/etc/systemd/system/<target>.wants/`` for
-each ``WantedBy=`` target of its ``[Install]`` section. ``systemctl daemon-reload`` (and a start
+each ``WantedBy=`` target of its ``[Install]`` section. Where the board has a ``jtop`` group
+(jetson-stats installed), a drop-in ``cuvil-edged.service.d/jtop.conf`` adds it to the unit's
+groups so the daemon may open jtop's socket (root:jtop 0660); elsewhere no drop-in, since a
+missing group would fail the unit. ``systemctl daemon-reload`` (and a start
 or restart) runs only where systemd is running on the device (``/run/systemd/system`` exists and
 the device root is ``/``).
 """
@@ -16,7 +19,9 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from cuvil_edge.deploy.transport import DeviceAddress, SSHTransport, Unreachable
+from cuvil_edge.deploy.transport import DeviceAddress, Unreachable
+from cuvil_edge.deploy.transport_base import Transport
+from cuvil_edge.deploy.transports import open_transport
 from cuvil_edge.errors import DeployError
 
 __all__ = ["InstallResult", "default_unit", "install_daemon", "wanted_by"]
@@ -81,7 +86,7 @@ async def install_daemon(address: DeviceAddress, unit: bytes | None = None, star
     res = InstallResult(device=address.label, status="failed")
     t0 = time.monotonic()
     try:
-        async with SSHTransport(address, connect_timeout) as tr:
+        async with open_transport(address, connect_timeout) as tr:
             unit_dir = address.sys_path("etc/systemd/system")
             dest = os.path.join(unit_dir, UNIT_NAME)
             res.unit_path = dest
@@ -102,6 +107,7 @@ async def install_daemon(address: DeviceAddress, unit: bytes | None = None, star
                     await tr.rename(link + ".new", link)
                     changed = True
                 res.enabled.append(target)
+            changed |= await _jtop_dropin(tr, address, unit_dir)
             res.systemd_running = address.root in ("", "/") and await tr.exists("/run/systemd/system")
             if res.systemd_running:
                 for argv in (["systemctl", "daemon-reload"],
@@ -118,6 +124,34 @@ async def install_daemon(address: DeviceAddress, unit: bytes | None = None, star
         res.status, res.reason = "failed", str(exc)
     res.seconds = round(time.monotonic() - t0, 3)
     return res
+
+
+JTOP_DROPIN = "[Service]\n# jtop's socket /run/jtop.sock is root:jtop 0660 (jetson-stats); this board has the group.\n" \
+              "SupplementaryGroups=jtop\n"
+
+
+def has_group(group_file: bytes | None, name: str) -> bool:
+    """Whether an ``/etc/group`` text names group ``name``."""
+    return any(line.split(":", 1)[0] == name for line in (group_file or b"").decode("utf-8", "replace").splitlines())
+
+
+async def _jtop_dropin(tr: Transport, address: DeviceAddress, unit_dir: str) -> bool:
+    """Write ``cuvil-edged.service.d/jtop.conf`` adding the ``jtop`` group where that group exists,
+    remove it where it does not (``SupplementaryGroups=`` with a missing group fails the unit); True
+    when something changed."""
+    dropin_dir = os.path.join(unit_dir, f"{UNIT_NAME}.d")
+    dest = os.path.join(dropin_dir, "jtop.conf")
+    present = await tr.read_bytes(dest)
+    if has_group(await tr.read_bytes(address.sys_path("etc/group")), "jtop"):
+        if present == JTOP_DROPIN.encode():
+            return False
+        await tr.makedirs(dropin_dir)
+        await tr.write_bytes_atomic(dest, JTOP_DROPIN.encode())
+        return True
+    if present is not None:
+        await tr.remove(dest)
+        return True
+    return False
 
 
 def read_unit(path: Path | None) -> bytes:

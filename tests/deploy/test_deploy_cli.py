@@ -73,6 +73,15 @@ class TestDeployCommands:
         assert "installed" in capsys.readouterr().out
         assert main(["install-daemon", *args, "--json"]) == 0
         assert json.loads(capsys.readouterr().out)[0]["status"] == "unchanged"
+        dropin = dev.root / "etc/systemd/system/cuvil-edged.service.d/jtop.conf"
+        assert not dropin.exists()  # no jtop group on this board: a drop-in naming it would fail the unit
+        (dev.root / "etc/group").write_text("root:x:0:\nvideo:x:44:\njtop:x:998:\n")
+        assert main(["install-daemon", *args, "--json"]) == 0
+        assert json.loads(capsys.readouterr().out)[0]["status"] == "installed"
+        assert "SupplementaryGroups=jtop" in dropin.read_text()
+        (dev.root / "etc/group").write_text("root:x:0:\nvideo:x:44:\n")  # jetson-stats removed
+        assert main(["install-daemon", *args, "--json"]) == 0
+        assert not dropin.exists()
 
 
 def test_install_daemon_custom_unit_and_bad_unit(lab, tmp_path, capsys):
