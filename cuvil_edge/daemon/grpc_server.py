@@ -40,17 +40,19 @@ from google.protobuf import json_format
 from cuvil_edge import __version__
 from cuvil_edge.daemon.accept import connection_cap
 from cuvil_edge.daemon.batcher import Pending
-from cuvil_edge.daemon.kserve import (
-    EXTENSIONS,
+from cuvil_edge.daemon.infer import (
     BadRequest,
+    InferenceCore,
     MemoryRefused,
+    Outcome,
+    Refusal,
     check_input_header,
+    classify,
     complete_inputs,
-    model_config_doc,
-    model_metadata_doc,
+    serialize_bytes,
 )
+from cuvil_edge.daemon.kserve import EXTENSIONS, model_config_doc, model_metadata_doc
 from cuvil_edge.daemon.models import ModelInstance, UnknownModel
-from cuvil_edge.daemon.pipeline import IMAGE_INPUT
 from cuvil_edge.daemon.proto import grpc_service_pb2 as pb
 from cuvil_edge.daemon.proto import model_config_pb2 as config_pb
 from cuvil_edge.daemon.shm import (
@@ -96,6 +98,17 @@ _HTTP_TO_GRPC = {400: grpc.StatusCode.INVALID_ARGUMENT, 401: grpc.StatusCode.UNA
                  404: grpc.StatusCode.NOT_FOUND, 413: grpc.StatusCode.RESOURCE_EXHAUSTED,
                  500: grpc.StatusCode.INTERNAL, 503: grpc.StatusCode.UNAVAILABLE,
                  507: grpc.StatusCode.RESOURCE_EXHAUSTED}
+
+
+def _refusal(exc: Refusal) -> RpcFailure:
+    """The core's refusal as gRPC says it: memory pressure is RESOURCE_EXHAUSTED (what gRPC's
+    retry policy reads, with ``grpc-retry-pushback-ms``), the rest UNAVAILABLE; both carry
+    ``retry-after`` seconds when a retry may succeed."""
+    code = grpc.StatusCode.RESOURCE_EXHAUSTED if exc.reason == "pressure" else grpc.StatusCode.UNAVAILABLE
+    trailing: tuple[tuple[str, str], ...] = ()
+    if exc.retry_after is not None:
+        trailing = (("retry-after", str(exc.retry_after)), ("grpc-retry-pushback-ms", str(exc.retry_after * 1000)))
+    return RpcFailure(code, str(exc), trailing)
 
 
 def grpc_address(config: Any) -> str | None:
@@ -220,20 +233,6 @@ def _decode(req: Any, inst: ModelInstance, shm: SharedMemoryRegistry | None,
     return arrays, n, outputs
 
 
-def _classify(arr: np.ndarray, cls: int) -> tuple[list[int], bytes]:
-    """Triton's classification extension: top ``cls`` "value:index" strings per row, serialized."""
-    rows = arr.reshape(arr.shape[0] if arr.ndim > 1 else 1, -1)
-    k = min(cls, rows.shape[1])
-    idx = np.argsort(-rows, axis=1, kind="stable")[:, :k]
-    vals = np.take_along_axis(rows, idx, 1)
-    out = bytearray()
-    for rv, ri in zip(vals.tolist(), idx.tolist(), strict=True):
-        for v, i in zip(rv, ri, strict=True):
-            s = f"{v:f}:{i}".encode()
-            out += len(s).to_bytes(4, "little") + s
-    return [rows.shape[0], k], bytes(out)
-
-
 def _varint(n: int) -> bytes:
     out = bytearray()
     while True:
@@ -294,6 +293,7 @@ class GrpcFrontend:
         self.bound: str | None = None
         self.uds: Path | None = None
         self.calls: dict[tuple[str, str], int] = {}  # (method, status code) -> count
+        self.core: InferenceCore = app.core
         self._handlers = self._build_handlers()
 
     # ------------------------------------------------------------------ limits and binding
@@ -385,7 +385,9 @@ class GrpcFrontend:
 
     def _lookup(self, name: str, version: str) -> ModelInstance:
         try:
-            return self.registry.get(name, version or None)
+            return self.core.lookup(name, version or None)
+        except Refusal as exc:
+            raise _refusal(exc) from None
         except UnknownModel as exc:
             raise RpcFailure(grpc.StatusCode.NOT_FOUND, str(exc)) from None
 
@@ -545,29 +547,6 @@ class GrpcFrontend:
 
     # ------------------------------------------------------------------ inference
 
-    def _admit(self, req: Any) -> ModelInstance:
-        """Pressure check, then the model: what HTTP's ``_infer`` does before decoding."""
-        pressure = self.app.pressure
-        if pressure is not None:
-            reject, retry = pressure()
-            if reject:
-                self.state.rejected += 1
-                entry = self.registry.entries.get(req.model_name)
-                if entry is not None and entry.instance is not None:
-                    entry.instance.stats.rejected += 1
-                    entry.instance.stats.record_request(False, 0)
-                secs = max(1, int(round(retry)))
-                raise RpcFailure(grpc.StatusCode.RESOURCE_EXHAUSTED,
-                                 f"memory pressure: the daemon is refusing new requests for now; retry in {secs} s",
-                                 (("retry-after", str(secs)), ("grpc-retry-pushback-ms", str(secs * 1000))))
-        if self.state.shutting_down:
-            raise RpcFailure(grpc.StatusCode.UNAVAILABLE, "the daemon is shutting down")
-        try:
-            return self._lookup(req.model_name, req.model_version)
-        except RpcFailure:
-            self.state.failed_unknown += 1
-            raise
-
     def _submit(self, req: Any, deliver: Callable[[Pending], None], received: float) -> Pending:
         """Admit, decode and queue one request; ``deliver`` runs on the loop with the outcome.
 
@@ -576,29 +555,28 @@ class GrpcFrontend:
         """
         if isinstance(req, _Malformed):
             raise RpcFailure(grpc.StatusCode.INVALID_ARGUMENT, req.message)
-        inst = self._admit(req)
+        try:
+            inst = self.core.admit_request(req.model_name, req.model_version or None)
+        except Refusal as exc:
+            raise _refusal(exc) from None
+        except UnknownModel as exc:
+            raise RpcFailure(grpc.StatusCode.NOT_FOUND, str(exc)) from None
         try:
             arrays, n, outputs = decode_grpc_infer(req, inst, self.shm)
         except RpcFailure:
-            inst.stats.record_request(False, int((time.perf_counter() - received) * 1e9))
+            self.core.refused(inst, received)
             raise
-        if IMAGE_INPUT in arrays and inst.pipeline is not None and inst.pipeline.image_spec is not None:
-            key: Any = IMAGE_INPUT
-        else:
-            key = tuple((k, a.shape[1:]) for k, a in arrays.items()) if inst.max_batch else None
         wanted = [o[0] for o in outputs] if outputs is not None else None
         out_list = outputs if outputs is not None else [(s, 0, None) for s in inst.output_specs]
-        p = Pending(arrays, n, key, wanted, deliver, self._encoder(inst, out_list, req.id),
-                    (inst, received))
-        inst.submit(p)
-        return p
+        return self.core.enqueue(inst, arrays, n, wanted, deliver, self._encoder(inst, out_list, req.id),
+                                (inst, received))
 
     @staticmethod
     def _encoder(inst: ModelInstance, out_list: list[tuple[str, int, OutputTarget | None]],
-                 rid: str) -> Callable[[Pending], bytes | RpcFailure]:
+                 rid: str) -> Callable[[Pending], bytes | None]:
         name, version = inst.name, inst.version
 
-        def encode(p: Pending) -> bytes | RpcFailure:  # worker thread
+        def encode(p: Pending) -> bytes | None:  # worker thread
             result = p.result
             assert result is not None
             resp = pb.ModelInferResponse(model_name=name, model_version=version, id=rid)
@@ -606,7 +584,8 @@ class GrpcFrontend:
                 arr = result[oname]
                 out = resp.outputs.add(name=oname)
                 if cls:
-                    shape, blob = _classify(arr, cls)
+                    shape, strings = classify(arr, cls)
+                    blob = serialize_bytes(strings)
                     out.datatype = "BYTES"
                     out.shape.extend(shape)
                 else:
@@ -617,7 +596,8 @@ class GrpcFrontend:
                     try:
                         SharedMemoryRegistry.write(target, blob, f"output '{oname}'")
                     except SharedMemoryError as exc:  # the client's region is too small: its error
-                        return RpcFailure(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+                        p.error = (exc.status, str(exc))
+                        return None
                     out.parameters["shared_memory_region"].string_param = target.region.name
                     out.parameters["shared_memory_byte_size"].int64_param = len(blob)
                     if target.offset:
@@ -631,21 +611,12 @@ class GrpcFrontend:
     def _finish(self, p: Pending) -> tuple[bytes | None, RpcFailure | None]:
         """Account one delivered request (loop thread); the answer bytes or the failure."""
         inst, received = p.ctx
-        inst.inflight -= 1
-        elapsed = int((time.perf_counter() - received) * 1e9)
-        if p.cancelled:
-            inst.stats.cancelled += 1
-            inst.stats.record_request(False, elapsed)
-            return None, RpcFailure(grpc.StatusCode.CANCELLED, "the client cancelled the request")
-        if p.error is not None or p.body is None:
-            inst.stats.record_request(False, elapsed)
-            status, message = p.error or (500, "the request was dropped without an answer")
-            return None, RpcFailure(_HTTP_TO_GRPC.get(status, grpc.StatusCode.INTERNAL), message)
-        if isinstance(p.body, RpcFailure):
-            inst.stats.record_request(False, elapsed)
-            return None, p.body
-        inst.stats.record_request(True, elapsed)
-        return p.body, None
+        out: Outcome = self.core.settle(p, inst, received)
+        if out.status == 499:
+            return None, RpcFailure(grpc.StatusCode.CANCELLED, out.message)
+        if not out.ok:
+            return None, RpcFailure(_HTTP_TO_GRPC.get(out.status, grpc.StatusCode.INTERNAL), out.message)
+        return out.body, None
 
     async def model_infer(self, req: Any, context: grpc.aio.ServicerContext) -> bytes:
         received = time.perf_counter()

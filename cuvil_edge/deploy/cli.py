@@ -173,13 +173,13 @@ def _print_results(report: Any) -> None:
     from rich.table import Table
 
     t = Table(title=f"deploy {report.bundle['name']} {report.bundle['version']}")
-    for col in ("device", "status", "version", "previous", "sent", "s", "reason / notes"):
+    for col in ("device", "status", "version", "previous", "serving", "sent", "s", "reason / notes"):
         t.add_column(col, overflow="fold")
     colors = {"deployed": "green", "unchanged": "green", "rolled-back": "yellow", "skipped": "dim"}
     for r in report.results:
         text = r.reason or "; ".join(r.notes)
         t.add_row(r.device, f"[{colors.get(r.status, 'red')}]{r.status}[/]", r.version or "-",
-                  r.previous or "-", _size(r.bytes_sent), f"{r.seconds:.1f}", text)
+                  r.previous or "-", r.serving or "-", _size(r.bytes_sent), f"{r.seconds:.1f}", text)
     print_table(t, _console())
     if report.stopped:
         _console().print(f"[bold red]rollout stopped:[/] {report.stopped}", highlight=False)

@@ -5,9 +5,9 @@ the old one, whatever happens to the link:
 
 1. probe the device (architecture, board, L4T, TensorRT) and refuse a bundle that does not fit;
 2. take the device lock; unless that exact bundle (same signed manifest) is already installed,
-   send the ``.cvb`` to ``deploy/uploads/`` (resumable; sha256 checked on the device), extract it
-   with ``tar`` into ``deploy/staging/``, check every file's sha256 on the device and rename the
-   directory to ``bundles/<name>/<version>``;
+   send the ``.cvb`` to ``deploy/uploads/`` (resumable; sha256 checked on the device), then the
+   device unpacks it (``ondevice unpack``, ``deploy/unpack.py``): extract, fsync every file and
+   directory, check every file's sha256, rename to ``bundles/<name>/<version>``, fsync the parents;
 3. start the device-side step (``python -m cuvil_edge.deploy.ondevice activate``, detached from
    the SSH session, the lock handed over to it): it records a pending switch with a confirm
    deadline, switches ``current``, has the daemon load the model, runs the health gate with the
@@ -36,7 +36,7 @@ from typing import Any
 import asyncssh
 
 from cuvil_edge.bundle import Manifest, verify_bundle
-from cuvil_edge.bundle.container import MANIFEST_NAME, SIGNATURE_NAME, iter_member_bytes
+from cuvil_edge.bundle.container import MANIFEST_NAME, iter_member_bytes
 from cuvil_edge.deploy.activate import GATE_MARGIN_S
 from cuvil_edge.deploy.layout import DeviceActivating, DeviceBusy, DeviceLock, DeviceStore, check_component
 from cuvil_edge.deploy.probe import DeviceFacts, IncompatibleDevice, check_compatible, probe_device
@@ -157,6 +157,7 @@ class DeviceResult:
     facts: dict[str, Any] | None = None
     health: dict[str, Any] | None = None
     txn: str | None = None
+    serving: str | None = None  # the version the device's ``current`` named when it last answered
 
     @property
     def ok(self) -> bool:
@@ -248,6 +249,7 @@ async def _deploy_locked(tr: Transport, store: DeviceStore, bundle: PreparedBund
     current = await store.current(name)
     state = await store.read_state(name)
     res.previous = current
+    res.serving = current
     if await _adopt(tr, state, bundle, current, res):
         return
     on_device = await store.manifest_bytes(name, version)
@@ -284,6 +286,7 @@ async def _deploy_locked(tr: Transport, store: DeviceStore, bundle: PreparedBund
 
 def _apply_outcome(res: DeviceResult, outcome: dict[str, Any]) -> None:
     status = outcome.get("status")
+    res.serving = outcome.get("serving", res.serving)
     res.previous = outcome.get("previous", res.previous)
     res.health = outcome.get("health") or res.health
     res.notes += [n for n in outcome.get("notes") or [] if n not in res.notes]
@@ -413,6 +416,7 @@ async def _activate_on_device(tr: Transport, name: str, version: str, sha256: st
     try:
         answer = await _ondevice_acked(tr, argv, wait + 60, first_line=options.daemon_token or "")
         while answer.get("state") == "pending":
+            await _revert_if_overdue(tr, deadline_at)
             answer = await _ondevice_acked(tr, ["wait", "--store", a.store_root, "--name", name, "--txn", txn,
                                                 "--timeout", "20"], 80)
     except Unreachable as exc:
@@ -423,10 +427,27 @@ async def _activate_on_device(tr: Transport, name: str, version: str, sha256: st
     if state == "refused":
         reason = str((answer.get("outcome") or {}).get("reason"))
         raise DeviceBusy(f"{a.label}: {reason}") if "busy" in reason else DeployError(f"{a.label}: {reason}")
+    res.serving = answer.get("current", res.serving)
     if state == "unknown":
         raise Unreachable(f"{a.label}: the link dropped before the device step started; nothing was switched "
                           f"(current: {answer.get('current')}); deploy again")
     return dict(answer.get("outcome") or {})
+
+
+async def _revert_if_overdue(tr: Transport, deadline_at: float) -> bool:
+    """Revert the device's unconfirmed switches once the deadline of ours has passed (the host
+    logs in as root or through sudo, so it may, whatever the daemon may); True when it ran.
+
+    The device reverts by itself too (a root timer at the deadline, the daemon unit's start), but
+    the host that is connected now need not wait for either: what it reports is then what the
+    device serves.
+    """
+    if time.time() < deadline_at + 1.0:
+        return False
+    with contextlib.suppress(DeployError):
+        await _ondevice(tr, ["revert-expired", "--store", tr.address.store_root, "--reload", "cuvil-edged.service"],
+                        120)
+    return True
 
 
 async def _reconnect_and_wait(address: DeviceAddress, name: str, txn: str, options: DeployOptions,
@@ -435,6 +456,7 @@ async def _reconnect_and_wait(address: DeviceAddress, name: str, txn: str, optio
     span = options.reconnect_for if options.reconnect_for is not None else options.confirm_deadline + 30.0
     give_up = time.monotonic() + span
     delay, last = 0.5, first
+    seen: dict[str, Any] | None = None  # the last answer of a device we did reach
     while True:
         left = give_up - time.monotonic()
         if left <= 0:
@@ -442,9 +464,11 @@ async def _reconnect_and_wait(address: DeviceAddress, name: str, txn: str, optio
         try:
             async with open_transport(address, max(1.0, min(options.connect_timeout, left))) as tr:
                 while True:
+                    await _revert_if_overdue(tr, deadline_at)
                     answer = await _ondevice_acked(tr, ["wait", "--store", address.store_root, "--name", name,
                                                         "--txn", txn, "--timeout", f"{max(1.0, min(20.0, left)):g}"],
                                                    80)
+                    seen = answer
                     if answer.get("state") != "pending":
                         if answer.get("state") == "unknown" and lock is not None:
                             with contextlib.suppress(DeployError, asyncssh.Error, OSError):
@@ -459,6 +483,11 @@ async def _reconnect_and_wait(address: DeviceAddress, name: str, txn: str, optio
         delay = min(delay * 2, 5.0)
     from cuvil_edge.bundle.activation import now_iso as _iso
 
+    if seen is not None:  # reachable, but the switch stayed pending: say so, not "cannot connect"
+        raise DeployError(
+            f"{address.label}: reconnected, but the device's deploy step still had {name} pending after "
+            f"{span:.0f} s (serving {seen.get('current')}); the device reverts an unconfirmed switch by "
+            f"{_iso(deadline_at)}: `cuvil-edge status` shows the outcome")
     raise Unreachable(
         f"{address.label}: link lost during the device's deploy step ({last}); the device finishes it by itself "
         f"and reverts an unconfirmed switch by {_iso(deadline_at)}: `cuvil-edge status` or a re-run shows the outcome")
@@ -479,33 +508,17 @@ async def _install(tr: Transport, store: DeviceStore, bundle: PreparedBundle, re
         res.notes.append("partial upload on the device did not match; sent again from the start")
     res.stage = "extract"
     progress(label, "extract", bundle.size, bundle.size)
-    staging = store.staging_dir(name, version)
-    await tr.rmtree(staging)
-    await tr.makedirs(staging)
-    try:
-        out = await tr.run(["tar", "-x", "--no-same-owner", "--no-same-permissions", "-f", final, "-C", staging])
-        if out.exit_status != 0:
-            raise DeployError(f"{label}: tar could not extract {final}: {out.stderr.strip()[:300]}")
-        expected = {f.path: f.sha256 for f in bundle.manifest.files}
-        expected[MANIFEST_NAME] = hashlib.sha256(bundle.manifest_bytes).hexdigest()
-        paths = [os.path.join(staging, p) for p in sorted(expected)]
-        check = await tr.run(["sha256sum", "--", *paths])
-        got: dict[str, str] = {}
-        for line in check.stdout.splitlines():
-            digest, _, path = line.partition("  ")
-            got[os.path.relpath(path, staging)] = digest
-        bad = sorted(p for p, d in expected.items() if got.get(p) != d)
-        if check.exit_status != 0 or bad:
-            raise CorruptUpload(f"{label}: extracted files do not match the manifest: {', '.join(bad)[:300]}")
-        if not await tr.exists(os.path.join(staging, SIGNATURE_NAME)):
-            raise DeployError(f"{label}: {SIGNATURE_NAME} missing after extraction")
-        await tr.makedirs(store.bundle_dir(name))
-        await tr.rename(staging, store.version_dir(name, version))
-    except BaseException:
-        with contextlib.suppress(Exception):
-            await tr.rmtree(staging)
-        raise
-    await tr.remove(final)
+    # On the device, in one step: extract, fsync every file and directory, check each sha256,
+    # rename into bundles/ and fsync the parents (deploy/unpack.py): a power cut at any moment
+    # leaves no version directory or a complete, durable one.
+    answer = await _ondevice(tr, ["unpack", "--store", tr.address.store_root, "--name", name, "--version", version,
+                                  "--sha256", bundle.sha256, "--manifest-sha256",
+                                  hashlib.sha256(bundle.manifest_bytes).hexdigest()], 1800)
+    if not answer.get("ok"):
+        reason = str(answer.get("reason") or "unknown reason")
+        if "do not match" in reason:
+            raise CorruptUpload(f"{label}: {reason[:400]}")
+        raise DeployError(f"{label}: the device could not unpack {name} {version}: {reason[:400]}")
     # The install record (sha256, time) is written on the device by the deploy step.
 
 

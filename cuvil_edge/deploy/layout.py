@@ -34,7 +34,14 @@ from typing import Any
 from cuvil_edge.bundle.layout import StoreLayout, version_of_link
 from cuvil_edge.bundle.names import check_component as _check_component
 from cuvil_edge.bundle.names import is_safe_component
-from cuvil_edge.deploy.lockfile import lock_record, parse_record, pid_alive, record_expired
+from cuvil_edge.deploy.lockfile import (
+    holder_pid,
+    lock_record,
+    other_boot,
+    parse_record,
+    pid_alive,
+    record_expired,
+)
 from cuvil_edge.deploy.transport_base import Transport
 from cuvil_edge.errors import DeployError
 
@@ -186,7 +193,10 @@ class DeviceLock:
         if record_expired(holder):
             return True
         if holder.get("where") == "device":
-            pid = int(holder.get("pid", -1))
+            boot = (await self.tr.read_bytes("/proc/sys/kernel/random/boot_id", 256) or b"").decode().strip()
+            if other_boot(holder, boot or None):
+                return True  # the device rebooted (or lost power) since: that step is gone
+            pid = holder_pid(holder)
             if pid <= 0 or not await self.tr.exists(f"/proc/{pid}"):
                 return True  # the device-side step died (its pid is gone from the device)
             raise DeviceActivating(
@@ -194,7 +204,7 @@ class DeviceLock:
                 f"(txn {holder.get('txn')}, pid {pid}) since {holder.get('at')}",
                 str(holder.get("txn")), float(holder.get("expires", 0)))
         if holder.get("host") == socket.gethostname():
-            pid = int(holder.get("pid", -1))
+            pid = holder_pid(holder)
             if pid == os.getpid() or not pid_alive(pid):
                 return True
         raise DeviceBusy(
