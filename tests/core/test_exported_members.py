@@ -95,7 +95,9 @@ EXPORTS: dict[str, list[str]] = {
         "DynamicInput", "InspectReport", "NodeSupport", "dla_available", "inspect_model",
         "optimization_profiles", "parser_snapshot", "render_inspect_table", "trt_op_status"
     ],
-    "cuvil_edge.packager.profiles": ["DynamicInput", "dynamic_inputs", "optimization_profiles"],
+    "cuvil_edge.packager.profiles": [
+        "DynamicInput", "dynamic_inputs", "missing_profile_message", "optimization_profiles", "profile_shapes"
+    ],
     "cuvil_edge.packager.trt_support": [
         "PLUGIN", "SUPPORTED", "UNSUPPORTED", "UNVERIFIED", "op_tables", "parser_restriction",
         "parser_snapshot", "trt_op_status"
