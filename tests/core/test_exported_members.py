@@ -142,7 +142,8 @@ def _modules() -> list[str]:
 @pytest.mark.parametrize("name", sorted(EXPORTS))
 def test_pinned_exports(name: str) -> None:
     module = importlib.import_module(name)
-    assert sorted(module.__all__) == sorted(EXPORTS[name])
+    assert sorted(module.__all__) == sorted(EXPORTS[name]), (
+        f"{name}.__all__ changed: update EXPORTS in tests/core/test_exported_members.py if that is meant")
 
 
 def test_every_module_declares_all_and_its_names_resolve() -> None:
