@@ -563,10 +563,19 @@ CUTS: tuple[Cut, ...] = (
 )
 
 
+def _device_tool(ctx: SuiteContext) -> str:
+    """``cuvil-edge-device`` beside the unit's ``cuvil-edged`` (``/usr/local/bin`` or a venv's ``bin``)."""
+    if "device_tool" not in ctx.info:
+        out = ctx.board.ssh(["systemctl", "show", "-p", "ExecStart", "--value", UNIT], check=False).stdout
+        m = re.search(r"path=(\S+?)/cuvil-edged\b", out) or re.search(r"(\S+?)/cuvil-edged\b", out)
+        ctx.info["device_tool"] = f"{m.group(1) if m else '/usr/local/bin'}/cuvil-edge-device"
+    return str(ctx.info["device_tool"])
+
+
 def _store_json(ctx: SuiteContext, *args: str) -> dict[str, Any]:
     from hil.bundles import MODEL_NAME
 
-    res = ctx.board.ssh(["cuvil-edge-device", *args, "--store", STORE, "--name", MODEL_NAME], check=False,
+    res = ctx.board.ssh([_device_tool(ctx), *args, "--store", STORE, "--name", MODEL_NAME], check=False,
                         timeout=300)
     lines = [ln for ln in res.stdout.splitlines() if ln.startswith("{")]
     if not lines:
