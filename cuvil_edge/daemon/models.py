@@ -33,7 +33,7 @@ from cuvil_edge.runtime import Backend, BackendOptions, TensorSpec, load_backend
 from cuvil_edge.runtime.buffers import BufferPool
 from cuvil_edge.runtime.trt_select import EngineChoice, backend_for_choice, choose_engine
 
-__all__ = ["ModelEntry", "ModelInstance", "ModelRegistry", "UnknownModel"]
+__all__ = ["ModelEntry", "ModelInstance", "ModelRegistry", "ModelUnavailable", "UnknownModel"]
 
 log = logging.getLogger("cuvil_edge.daemon.models")
 
@@ -46,6 +46,15 @@ def _first_line(exc: BaseException) -> str:
 
 class UnknownModel(DaemonError):
     """The request names a model (or version) that is not being served."""
+
+
+class ModelUnavailable(UnknownModel):
+    """The model is not served now but comes back by itself (unloaded under memory pressure, it
+    loads again once the pressure eases): a retry after ``retry_after`` seconds may succeed."""
+
+    def __init__(self, message: str, retry_after: int) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
 
 
 class ModelInstance:
@@ -346,6 +355,8 @@ class ModelInstance:
             p.result = {k: v[offset:offset + n] for k, v in out.items()} if len(ready) > 1 else out
             offset += n
             if p.encode is not None:
+                # An encoder returns the answer, or sets p.error for a client's mistake it finds
+                # (a shared-memory region too small for an output) and returns None.
                 try:
                     p.body = p.encode(p)
                 except Exception as exc:
@@ -379,6 +390,7 @@ class ModelEntry:
     instance: ModelInstance | None = None
     state: str = "UNAVAILABLE"
     reason: str = ""
+    retry_after: int | None = None  # seconds: the model comes back by itself (unloaded under pressure)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
 
@@ -419,6 +431,9 @@ class ModelRegistry:
         entry = self.entries.get(name)
         inst = entry.instance if entry is not None else None
         if inst is None:
+            if entry is not None and entry.retry_after is not None:
+                raise ModelUnavailable(f"model '{name}' is not available now ({entry.reason}); retry in "
+                                       f"{entry.retry_after} s", entry.retry_after)
             if entry is not None and entry.reason:
                 raise UnknownModel(f"Request for unknown model: '{name}' has no available versions"
                                    f" ({entry.reason})")
@@ -481,6 +496,7 @@ class ModelRegistry:
                 if entry.instance is None:
                     entry.state = "UNAVAILABLE"
                     entry.reason = f"load failed: {failure}"
+                    entry.retry_after = None
                 else:
                     entry.state = previous_state
                 log.error("loading model %s failed: %s", name, failure)
@@ -492,6 +508,7 @@ class ModelRegistry:
             entry.instance = inst
             entry.state = "READY"
             entry.reason = ""
+            entry.retry_after = None
             log.info("model %s version %s ready (%s backend, max batch %d, %.1f MiB)%s", name, inst.version,
                      inst.engine.backend, inst.max_batch, inst.footprint_bytes / 1048576,
                      f"; {inst.engine.reason}" if inst.engine.reason else "")
@@ -499,8 +516,14 @@ class ModelRegistry:
                 self._retire(old)
             return inst
 
-    async def unload(self, name: str) -> None:
+    async def unload(self, name: str, reason: str = "unloaded", retry_after: int | None = None) -> None:
         """Stop serving ``name``; requests it already holds still complete.
+
+        Args:
+            name (str): the model.
+            reason (str): what the index and refused requests say. Defaults to "unloaded".
+            retry_after (int | None): seconds after which it is expected back (unloaded under
+                memory pressure: requests get 503 with Retry-After); None for an unload that lasts.
 
         Raises:
             UnknownModel: the model is not loaded.
@@ -512,7 +535,8 @@ class ModelRegistry:
             old = entry.instance
             entry.instance = None
             entry.state = "UNAVAILABLE"
-            entry.reason = "unloaded"
+            entry.reason = reason
+            entry.retry_after = retry_after
             if old is not None:
                 self._retire(old)
                 log.info("model %s version %s unloaded", name, old.version)

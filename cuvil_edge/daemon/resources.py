@@ -340,7 +340,8 @@ class Resources:
         # Remember it: once the ladder is back to NORMAL it is loaded again, so a squeeze that
         # passes does not leave the daemon without the model it was serving.
         self.unloaded_by_pressure.add(model)
-        task = loop.create_task(reg.unload(model))
+        retry = max(1, int(self.scheduler.retry_after_s)) if self.scheduler is not None else 1
+        task = loop.create_task(reg.unload(model, "unloaded under memory pressure", retry))
         task.add_done_callback(lambda t: t.exception())
 
     def _reload_after_pressure(self, new: Any, old: Any, reason: str) -> None:

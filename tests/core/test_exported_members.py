@@ -40,18 +40,20 @@ EXPORTS: dict[str, list[str]] = {
         "DEFAULT_GRPC_PORT", "GrpcFrontend", "RpcFailure", "decode_grpc_infer", "grpc_address"
     ],
     "cuvil_edge.daemon.http": ["HttpProtocol", "Request", "STATUS_LINES", "json_error"],
-    "cuvil_edge.daemon.kserve": [
-        "App", "BadRequest", "EXTENSIONS", "MemoryRefused", "decode_infer", "model_config_doc",
-        "model_metadata_doc"
+    "cuvil_edge.daemon.infer": [
+        "BadRequest", "InferenceCore", "MemoryRefused", "Outcome", "Refusal", "batch_key", "check_input_header",
+        "classify", "complete_inputs", "serialize_bytes"
     ],
+    "cuvil_edge.daemon.kserve": ["App", "EXTENSIONS", "decode_infer", "model_config_doc", "model_metadata_doc"],
     "cuvil_edge.daemon.limits": [
         "JsonRefused", "Limits", "bearer_ok", "finite_json_list", "json_depth", "loads_limited"
     ],
     "cuvil_edge.daemon.main": ["main"],
     "cuvil_edge.daemon.metrics": ["ModelStats", "render_prometheus"],
-    "cuvil_edge.daemon.models": ["ModelEntry", "ModelInstance", "ModelRegistry", "UnknownModel"],
+    "cuvil_edge.daemon.models": ["ModelEntry", "ModelInstance", "ModelRegistry", "ModelUnavailable", "UnknownModel"],
     "cuvil_edge.daemon.pipeline": [
-        "DETECTIONS", "IMAGE_INPUT", "NUM_DETECTIONS", "Pipeline", "TOPK_CLASSES", "TOPK_SCORES", "kernels"
+        "DETECTIONS", "IMAGE_INPUT", "NUM_DETECTIONS", "Pipeline", "TOPK_CLASSES", "TOPK_SCORES", "kernels",
+        "top_k"
     ],
     "cuvil_edge.daemon.resources": ["Resources"],
     "cuvil_edge.daemon.scheduler": [
