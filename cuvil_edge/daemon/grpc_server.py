@@ -41,6 +41,7 @@ from cuvil_edge import __version__
 from cuvil_edge.daemon.accept import connection_cap
 from cuvil_edge.daemon.batcher import Pending
 from cuvil_edge.daemon.config import Config
+from cuvil_edge.daemon.grpc_guard import WINDOW, GuardedHandlers
 from cuvil_edge.daemon.infer import (
     BadRequest,
     InferenceCore,
@@ -53,6 +54,7 @@ from cuvil_edge.daemon.infer import (
     serialize_bytes,
 )
 from cuvil_edge.daemon.kserve import EXTENSIONS, App, model_config_doc, model_metadata_doc
+from cuvil_edge.daemon.limits import MAX_ERROR, printable
 from cuvil_edge.daemon.models import ModelInstance, UnknownModel
 from cuvil_edge.daemon.proto import grpc_service_pb2 as pb
 from cuvil_edge.daemon.proto import model_config_pb2 as config_pb
@@ -69,6 +71,7 @@ from cuvil_edge.runtime.base import datatype_of
 __all__ = ["DEFAULT_GRPC_PORT", "GrpcFrontend", "RpcFailure", "decode_grpc_infer", "grpc_address"]
 
 log = logging.getLogger("cuvil_edge.daemon.grpc")
+access = logging.getLogger("cuvil_edge.daemon.access")  # --access-log
 
 DEFAULT_GRPC_PORT = 8001  # Triton's
 SERVICE = "inference.GRPCInferenceService"
@@ -76,6 +79,7 @@ _OPEN_METHODS = frozenset({f"/{SERVICE}/ServerLive", f"/{SERVICE}/ServerReady"})
 _BEARER = re.compile(rb"^bearer[ \t]+(\S+)[ \t]*$", re.IGNORECASE)
 STREAM_MAX_INFLIGHT = 64  # requests of one ModelStreamInfer stream in flight at once
 STREAM_MAX_BYTES = 64 << 20  # and their request bytes (at least one message always fits)
+STREAM_MAX_ANSWER_BYTES = 16 << 20  # answers of one stream waiting for the client, with those in flight
 
 # InferTensorContents field per KServe datatype (FP16/BF16 travel raw only).
 _CONTENTS_FIELD = {
@@ -90,7 +94,9 @@ class RpcFailure(DaemonError):
 
     def __init__(self, code: grpc.StatusCode, message: str,
                  trailing: tuple[tuple[str, str], ...] = ()) -> None:
-        super().__init__(message)
+        # Messages quote what the client sent (a shape, a name): bounded, so a 2M-dimension shape
+        # is a short error and not a 6 MB trailer the client refuses to read.
+        super().__init__(printable(message, MAX_ERROR))
         self.code = code
         self.trailing = trailing
 
@@ -293,6 +299,7 @@ class GrpcFrontend:
         self.bound: str | None = None
         self.uds: Path | None = None
         self.calls: dict[tuple[str, str], int] = {}  # (method, status code) -> count
+        self.guard: GuardedHandlers | None = None  # set by _Handlers
         self.core: InferenceCore = app.core
         self._handlers = self._build_handlers()
 
@@ -314,11 +321,21 @@ class GrpcFrontend:
             # As HTTP's header limit (--max-header-kb where the daemon has it, else 64 KiB).
             ("grpc.max_metadata_size", int(cfg.max_header_kb) * 1024),
             ("grpc.max_connection_idle_ms", int(cfg.keep_alive * 1000)),
+            # A connection that has not answered a ping within --request-timeout is closed with
+            # everything its calls hold (a client that stopped reading its socket altogether).
+            ("grpc.keepalive_time_ms", int(cfg.keep_alive * 1000)),
+            ("grpc.keepalive_timeout_ms", int(cfg.request_timeout * 1000)),
+            ("grpc.http2.ping_timeout_ms", int(cfg.request_timeout * 1000)),
+            ("grpc.keepalive_permit_without_calls", 1),
+            ("grpc.http2.max_pings_without_data", 0),  # keep-alive pings go out while data is blocked
             # --max-connections bounds this listener as it bounds HTTP's (each counts its own):
             # gRPC core closes a connection over the cap right after accepting it, before it
             # reads a byte, so a flood of clients costs a socket each for an instant.
             ("grpc.max_allowed_incoming_connections", connection_cap(int(cfg.max_connections))),
             ("grpc.so_reuseport", 0),  # a port in use is an error, as for HTTP
+            # A stream nobody reads (a health call, a call refused from its headers) can be sent
+            # one HTTP/2 window only; a read in progress opens the window to its message size.
+            ("grpc.http2.lookahead_bytes", WINDOW),
         ]
 
     async def start(self) -> str:
@@ -336,8 +353,9 @@ class GrpcFrontend:
                     raise DaemonError(f"--grpc-uds {path}: exists and is not a socket; remove it or pick another path")
                 path.unlink()
             self.uds = path
-        self.server = grpc.aio.server(options=self.server_options(),
-                                      maximum_concurrent_rpcs=int(self.config.grpc_max_rpcs))
+        # Calls in progress are counted by the guard (grpc_guard.py), not by grpcio's
+        # maximum_concurrent_rpcs, which counts half-open health streams and answers INTERNAL.
+        self.server = grpc.aio.server(options=self.server_options())
         self.server.add_generic_rpc_handlers((_Handlers(self),))
         try:
             port = self.server.add_insecure_port(address)
@@ -382,6 +400,8 @@ class GrpcFrontend:
     def count(self, method: str, code: grpc.StatusCode) -> None:
         key = (method, code.name)
         self.calls[key] = self.calls.get(key, 0) + 1
+        if getattr(self.state, "access_log", False):
+            access.info("gRPC %s %s", method, code.name)
 
     def _lookup(self, name: str, version: str) -> ModelInstance:
         try:
@@ -665,16 +685,24 @@ class GrpcFrontend:
         An error answers that request with ``error_message`` and the stream goes on, as Triton.
         At most ``STREAM_MAX_INFLIGHT`` requests and ``STREAM_MAX_BYTES`` of request messages of
         one stream are in flight (inputs are read in place from the messages, so they stay alive
-        until the answer); beyond that the stream is not read, and HTTP/2 flow control holds the
-        client back.
+        until the answer), and answers waiting for the client plus those in flight (sized by the
+        largest answer so far; one request at a time until the first answer) stay within
+        ``STREAM_MAX_ANSWER_BYTES``; beyond that the stream is not read, and HTTP/2 flow control
+        holds the client back.
         """
         if not self.authorized(context.invocation_metadata()):  # belt and braces: _Handlers checks first
             await context.abort(grpc.StatusCode.UNAUTHENTICATED, _UNAUTHENTICATED)
         answers: asyncio.Queue[bytes | None] = asyncio.Queue()
         live: dict[Pending, int] = {}  # in flight -> its message bytes
         held = [0]  # message bytes in flight
+        queued = [0, 0]  # answer bytes waiting for the client; the largest answer so far
         room = asyncio.Event()
         outstanding = 0
+
+        def answer(item: bytes) -> None:
+            queued[0] += len(item)
+            queued[1] = max(queued[1], len(item))
+            answers.put_nowait(item)
 
         def deliver(p: Pending) -> None:
             size = live.pop(p, 0)
@@ -684,17 +712,26 @@ class GrpcFrontend:
             body, failure = self._finish(p)
             if failure is not None:
                 self.count("ModelStreamInfer", failure.code)
-                answers.put_nowait(pb.ModelStreamInferResponse(error_message=str(failure)).SerializeToString())
+                answer(pb.ModelStreamInferResponse(error_message=str(failure)).SerializeToString())
             else:
                 self.count("ModelStreamInfer", grpc.StatusCode.OK)
-                answers.put_nowait(_as_stream_response(body))  # type: ignore[arg-type]
+                answer(_as_stream_response(body))  # type: ignore[arg-type]
+
+        def full(size: int) -> bool:
+            if queued[0] >= STREAM_MAX_ANSWER_BYTES:
+                return True
+            if not live:
+                return False
+            if len(live) >= STREAM_MAX_INFLIGHT or held[0] + size > STREAM_MAX_BYTES or not queued[1]:
+                return True
+            return queued[0] + (len(live) + 1) * queued[1] > STREAM_MAX_ANSWER_BYTES
 
         async def read() -> None:
             nonlocal outstanding
             try:
                 async for req in requests:
                     size = 0 if isinstance(req, _Malformed) else req.ByteSize()
-                    while live and (len(live) >= STREAM_MAX_INFLIGHT or held[0] + size > STREAM_MAX_BYTES):
+                    while full(size):
                         room.clear()
                         await room.wait()
                     if not self.state.reserve(size):  # --max-buffered-mb, shared with HTTP
@@ -702,7 +739,7 @@ class GrpcFrontend:
                         self.count("ModelStreamInfer", grpc.StatusCode.RESOURCE_EXHAUSTED)
                         outstanding += 1
                         self.state.inflight += 1
-                        answers.put_nowait(pb.ModelStreamInferResponse(error_message=_BUFFERED_FULL).SerializeToString())
+                        answer(pb.ModelStreamInferResponse(error_message=_BUFFERED_FULL).SerializeToString())
                         continue
                     outstanding += 1
                     self.state.inflight += 1
@@ -713,7 +750,7 @@ class GrpcFrontend:
                     except RpcFailure as exc:
                         self.state.release(size)
                         self.count("ModelStreamInfer", exc.code)
-                        answers.put_nowait(pb.ModelStreamInferResponse(error_message=str(exc)).SerializeToString())
+                        answer(pb.ModelStreamInferResponse(error_message=str(exc)).SerializeToString())
             finally:
                 answers.put_nowait(None)
 
@@ -727,6 +764,8 @@ class GrpcFrontend:
                     continue
                 outstanding -= 1
                 self.state.inflight -= 1
+                queued[0] -= len(item)
+                room.set()
                 yield item
         finally:
             reader.cancel()
@@ -763,11 +802,22 @@ class _Handlers(grpc.GenericRpcHandler):
 
     def __init__(self, frontend: GrpcFrontend) -> None:
         self.frontend = frontend
+        guard = GuardedHandlers(frontend, int(frontend.config.grpc_max_rpcs))
+        frontend.guard = guard
+        self.guarded: dict[str, grpc.RpcMethodHandler] = {}
+        for method, handler in frontend._handlers.items():
+            name = method.rpartition("/")[2]
+            if method in _OPEN_METHODS:
+                self.guarded[method] = guard.open_call(name, handler)
+            elif handler.response_streaming:
+                self.guarded[method] = guard.stream_call(name, handler)
+            else:
+                self.guarded[method] = guard.unary_call(name, handler)
 
     def service(self, details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler | None:
         method = details.method
         method = method.decode() if isinstance(method, bytes) else method
-        handler = self.frontend._handlers.get(method)
+        handler = self.guarded.get(method)
         if handler is None:
             return None  # UNIMPLEMENTED, as gRPC answers for an unknown method
         if method in _OPEN_METHODS or self.frontend.authorized(details.invocation_metadata):
@@ -779,6 +829,4 @@ class _Handlers(grpc.GenericRpcHandler):
             frontend.count(name, grpc.StatusCode.UNAUTHENTICATED)
             await context.abort(grpc.StatusCode.UNAUTHENTICATED, _UNAUTHENTICATED)
 
-        if handler.response_streaming:
-            return grpc.stream_stream_rpc_method_handler(refuse)
-        return grpc.stream_unary_rpc_method_handler(refuse)
+        return grpc.stream_stream_rpc_method_handler(refuse)

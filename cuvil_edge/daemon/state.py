@@ -11,11 +11,12 @@ import time
 from typing import Any
 
 from cuvil_edge.daemon.http import HttpProtocol
-from cuvil_edge.daemon.limits import Limits
+from cuvil_edge.daemon.limits import Limits, printable
 
 __all__ = ["ServerState"]
 
 log = logging.getLogger("cuvil_edge.daemon")
+access = logging.getLogger("cuvil_edge.daemon.access").info  # --access-log
 
 
 class ServerState:
@@ -26,7 +27,7 @@ class ServerState:
         token (str | None): the bearer token every endpoint but ``/v2/health/*`` requires.
     """
 
-    def __init__(self, limits: Limits | int, token: str | None = None) -> None:
+    def __init__(self, limits: Limits | int, token: str | None = None, access_log: bool = False) -> None:
         if isinstance(limits, int):  # the former signature: ServerState(max_body)
             limits = Limits(max_body=limits, max_buffered=max(limits, Limits.max_buffered))
         self.limits = limits
@@ -49,10 +50,14 @@ class ServerState:
         self.shutting_down = False
         self.stopped = False
         self.phase = "starting"
+        self.access_log = access_log  # --access-log: one line per request answered
 
     def on_request_done(self, req: Any, status: int) -> None:
         self.inflight -= 1
         self.total_requests += 1
+        if self.access_log:
+            access(f"HTTP {req.method.decode('latin-1')} {printable(req.path)} {status} "
+                   f"{(time.perf_counter() - req.received) * 1000:.1f} ms")
 
     def on_client_gone(self, req: Any) -> None:
         self.inflight -= 1
