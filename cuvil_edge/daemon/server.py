@@ -31,6 +31,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+from cuvil_edge._test_hooks import FAULT_HOOKS_ENV, fault_hooks_enabled, stall_forever
 from cuvil_edge.bundle.activation import can_write_state, expired_pending, revert_expired
 from cuvil_edge.daemon.accept import Acceptor, connection_cap, listen_tcp, listen_unix
 from cuvil_edge.daemon.config import Config
@@ -54,9 +55,6 @@ access = logging.getLogger("cuvil_edge.daemon.access").info  # --access-log
 
 STARTUP_FAILURE = 3  # exit code, as uvicorn's
 REVERT_CHECK_S = 1.0  # how often the tick looks for deploy switches past their confirm deadline
-# Debug-only fault hooks, off by default: with this variable set to 1, SIGUSR2 stalls the event
-# loop for good, so the HIL rig can prove systemd's watchdog kills and restarts a hung daemon.
-FAULT_HOOKS_ENV = "CUVIL_EDGED_DEBUG_FAULT_HOOKS"
 
 
 def freeze_heap() -> None:
@@ -196,7 +194,7 @@ class Server:
                              (signal.SIGHUP, self._on_hup)):
             with contextlib.suppress(NotImplementedError, RuntimeError):
                 loop.add_signal_handler(sig, handler)
-        if os.environ.get(FAULT_HOOKS_ENV) == "1":
+        if fault_hooks_enabled():  # test-only (_test_hooks.py): the HIL rig's watchdog test
             with contextlib.suppress(NotImplementedError, RuntimeError):
                 loop.add_signal_handler(signal.SIGUSR2, self._fault_stall)
                 log.warning("debug fault hooks on (%s=1): SIGUSR2 stalls the event loop", FAULT_HOOKS_ENV)
@@ -362,14 +360,8 @@ class Server:
             self._stop.set()
 
     def _fault_stall(self) -> None:
-        """Debug fault hook: block the event loop as a deadlocked handler would (never returns).
-
-        No tick runs, so no ``WATCHDOG=1`` is sent and systemd's watchdog must kill and restart
-        the service. Installed only when :data:`FAULT_HOOKS_ENV` is ``1``.
-        """
-        log.error("debug fault hook: SIGUSR2 received, stalling the event loop")
-        while True:
-            time.sleep(3600)
+        """Debug fault hook: block the event loop (no tick, no ``WATCHDOG=1``: systemd must restart us)."""
+        stall_forever(log)
 
     def _on_hup(self) -> None:
         log.info("SIGHUP: reloading the bundle store")
