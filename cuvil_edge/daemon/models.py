@@ -575,10 +575,20 @@ class ModelRegistry:
                               f"but it is stored under {name!r}; reinstall the bundle")
         ver = manifest.version
         choice = self._choose_engine(bundle_dir, manifest)
-        backend = self._backend(choice, bundle_dir, manifest)
+        try:
+            backend = self._backend(choice, bundle_dir, manifest)
+            estimate = backend.footprint().total
+        except CuvilEdgeError as exc:
+            if choice.backend == "onnxruntime":
+                raise
+            # A plan whose record matches but whose bytes are no engine (rewritten together).
+            log.warning("%s %s: engine %s cannot be opened (%s); serving with ONNX Runtime", name, ver,
+                        choice.engine_key, exc)
+            choice = choice.fall_back(f"engine failed to load: {exc}", refused=True)
+            backend = self._backend(choice, bundle_dir, manifest)
+            estimate = backend.footprint().total
         inst = self._instance(name, ver, bundle_dir, manifest, backend)
         inst.engine = choice
-        estimate = backend.footprint().total
         if self.admit is not None:
             self.admit(name, ver, bundle_dir, manifest, estimate)
         try:
