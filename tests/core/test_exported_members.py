@@ -27,8 +27,9 @@ EXPORTS: dict[str, list[str]] = {
         "TargetError", "TelemetryError", "__version__"
     ],
     "cuvil_edge.bundle.engine_store": [
-        "DeviceIdentity", "EngineError", "EngineRecord", "EngineStore", "RECORD_FORMAT", "device_identity",
-        "host_engine_cache", "key_for_facts", "plan_matches_device", "sha256_bytes", "sha256_file"
+        "DeviceIdentity", "EngineError", "EngineRecord", "EngineStore", "MAX_RECORD_BYTES", "RECORD_FORMAT",
+        "RecordInvalid", "device_identity", "host_engine_cache", "key_for_facts", "plan_matches_device",
+        "sha256_bytes", "sha256_file"
     ],
     "cuvil_edge.daemon.accept": [
         "Acceptor", "BUSY_ANSWER", "FULL_ANSWER", "connection_cap", "listen_tcp", "listen_unix"
