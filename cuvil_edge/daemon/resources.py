@@ -172,13 +172,10 @@ class Resources:
     def start(self) -> None:
         """Open telemetry, create the scheduler. Raises DaemonError for a bad board or spec."""
         cfg = self.config
-        try:
-            from cuvil_edge.daemon import systemd
+        from cuvil_edge.daemon import systemd
 
-            self._notify = systemd.notify
-            self.watchdog = systemd.Watchdog(stuck_after_s=self.stuck_after_s)
-        except ImportError:
-            self.watchdog = None
+        self._notify = systemd.notify
+        self.watchdog = systemd.Watchdog(stuck_after_s=self.stuck_after_s)
         if cfg.board:
             from cuvil_edge.targets import get_target
 
@@ -186,31 +183,23 @@ class Resources:
                 self.target = get_target(cfg.board)
             except CuvilEdgeError as exc:
                 raise DaemonError(f"--board {cfg.board!r}: {exc}") from exc
-            try:
-                from cuvil_edge.daemon.scheduler import placement_policy
+            from cuvil_edge.daemon.scheduler import placement_policy
 
-                policy = placement_policy(self.target)
-                # Pinned/mapped buffers need pycuda and a GPU; host_allocator falls back otherwise.
-                self.pool = BufferPool(placement=policy.kind)
-                log.info("I/O placement: %s", policy.reason)
-            except ImportError:
-                pass
-        try:
-            from cuvil_edge.daemon.scheduler import MemoryScheduler, PressureLevel
-        except ImportError as exc:
-            log.warning("memory co-scheduler unavailable (%s): loads are not checked against a budget", exc)
-        else:
-            self.scheduler = MemoryScheduler(target=self.target, reserve_mb=cfg.memory_reserve_mb,
-                                             kernel=self._kernel_memory())
-            self.scheduler.attach_pool(self.pool)
-            self.scheduler.on_step(PressureLevel.UNLOAD_LRU, self._unload_lru)
-            self.scheduler.on_step(PressureLevel.RELEASE_IDLE, self._release_idle)
-            self.scheduler.on_level_change(self._reload_after_pressure)
+            policy = placement_policy(self.target)
+            # Pinned/mapped buffers need pycuda and a GPU; host_allocator falls back otherwise.
+            self.pool = BufferPool(placement=policy.kind)
+            log.info("I/O placement: %s", policy.reason)
+        from cuvil_edge.daemon.scheduler import MemoryScheduler, PressureLevel
+
+        self.scheduler = MemoryScheduler(target=self.target, reserve_mb=cfg.memory_reserve_mb,
+                                         kernel=self._kernel_memory())
+        self.scheduler.attach_pool(self.pool)
+        self.scheduler.on_step(PressureLevel.UNLOAD_LRU, self._unload_lru)
+        self.scheduler.on_step(PressureLevel.RELEASE_IDLE, self._release_idle)
+        self.scheduler.on_level_change(self._reload_after_pressure)
         if cfg.telemetry:
-            try:
-                from cuvil_edge.telemetry import TelemetryMonitor, check_spec, expand_spec
-            except ImportError as exc:
-                raise DaemonError(f"--telemetry {cfg.telemetry}: telemetry is not available: {exc}") from exc
+            from cuvil_edge.telemetry import TelemetryMonitor, check_spec, expand_spec
+
             try:
                 for item in expand_spec(cfg.telemetry):
                     check_spec(item)  # a spec that can never work: the monitor would retry it forever
@@ -424,10 +413,8 @@ class Resources:
                 b.set_cap(inst.batch_cap(self.scheduler.batch_cap(max(1, inst.max_batch))))
             ctl = self.prefetch.get(key)
             if ctl is None:
-                try:
-                    from cuvil_edge.daemon.scheduler import PrefetchController
-                except ImportError:
-                    continue
+                from cuvil_edge.daemon.scheduler import PrefetchController
+
                 ctl = self.prefetch[key] = PrefetchController(1, b.max_depth, initial_depth=min(2, b.max_depth))
             target = inst.spec.latency_p95_ms
             depth = ctl.step(sample, stages.inputs(inst.stats.queue_p95_ms(), target or None, level,
