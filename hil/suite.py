@@ -405,7 +405,10 @@ def check_tegrastats(ctx: SuiteContext) -> dict[str, Any]:
         time.sleep(2)
     mem_kb = int(ctx.board.ssh("sed -n 's/^MemTotal: *\\([0-9]*\\) kB/\\1/p' /proc/meminfo").stdout.strip())
     psi = ctx.board.ssh("test -e /proc/pressure/memory && echo present || echo absent").stdout.strip()
-    _expect("tegrastats" in source, f"the daemon's telemetry source is {source!r}, not tegrastats")
+    if "tegrastats" not in source:
+        journal = ctx.board.ssh(["journalctl", "-u", UNIT, "--no-pager", "-o", "cat"], check=False).stdout
+        why = [ln for ln in journal.splitlines() if "telemetry" in ln.lower()][-4:]
+        raise CheckFailed(f"the daemon's telemetry source is {source!r}, not tegrastats: {why}")
     _expect(total is not None and abs(total - mem_kb * 1024) < 0.05 * mem_kb * 1024,
             f"the scheduler's board RAM is {total} bytes, the board has {mem_kb} kB")
     _expect(budget is not None and budget >= 256 * (1 << 20),
