@@ -230,16 +230,35 @@ def _write_dropin(ctx: SuiteContext) -> None:
         # there and let only the QEMU host (10.0.2.2) in, as the unit's comment says to.
         # A Jetson personality serves the stand-in builder's engines (labelled; no TensorRT here).
         standin = " --engine-standin 1" if ctx.board.target.board else ""
-        lines += ["ExecStart=", "ExecStart=/usr/local/bin/cuvil-edged --store /var/lib/cuvil-edge --host 0.0.0.0 "
+        lines += ["ExecStart=", f"ExecStart={_daemon_exe(ctx)} --store /var/lib/cuvil-edge --host 0.0.0.0 "
                   f"--port {DAEMON_PORT} --telemetry auto{standin}", "IPAddressAllow=10.0.2.2"]
     ctx.board.ssh(f"mkdir -p {DROPIN_DIR} && cat > {DROPIN_DIR}/hil.conf", input="\n".join(lines) + "\n")
 
 
+VENV = "/opt/cuvil-edge/venv"
+
+
+def _daemon_exe(ctx: SuiteContext) -> str:
+    """Where the daemon runs from: the venv install-daemon makes on a Jetson personality (from wheels
+    the host prepared; the board is offline), the system install elsewhere."""
+    return f"{VENV}/bin/cuvil-edged" if ctx.board.target.board else "/usr/local/bin/cuvil-edged"
+
+
 def check_install_daemon(ctx: SuiteContext) -> dict[str, Any]:
-    """``cuvil-edge install-daemon`` puts the unit in place; systemd starts it and gets READY=1."""
+    """``cuvil-edge install-daemon`` puts the unit in place; systemd starts it and gets READY=1. On a
+    Jetson personality it first installs the project from host-prepared wheels into a venv that
+    sees the system's (apt) TensorRT."""
     _write_dropin(ctx)
     t0 = time.monotonic()
-    res = ctx.cli("install-daemon", *ctx.device_args(), "--json", "--connect-timeout", "30")
+    extra: list[str] = []
+    if ctx.board.target.board:
+        from hil.project import build_wheel
+
+        wheels = ctx.workdir / "board-wheels"
+        build_wheel(wheels)
+        # The image carries the dependencies in the system Python; the venv sees them.
+        extra = ["--wheels", str(wheels), "--no-deps", "--venv", VENV]
+    res = ctx.cli("install-daemon", *ctx.device_args(), "--json", "--connect-timeout", "30", *extra, timeout=1800)
     _expect(res.returncode == 0, f"install-daemon exited {res.returncode}: {(res.stderr or res.stdout).strip()[-600:]}")
     out = json.loads(res.stdout)
     entry = out[0] if isinstance(out, list) else (out.get("devices") or out.get("results") or [out])[0]
@@ -252,6 +271,18 @@ def check_install_daemon(ctx: SuiteContext) -> dict[str, Any]:
     _expect(enabled == "enabled", f"{UNIT} is {enabled!r} after install-daemon")
     groups = _daemon_groups(ctx, state)
     if ctx.board.target.board:
+        from cuvil_edge.targets import get_target
+        from hil.personality import PERSONALITIES
+
+        board = ctx.board.target.board
+        trt = next(r for r in get_target(board).releases if r.jetpack == PERSONALITIES[board].jetpack).tensorrt
+        _expect(entry.get("exec_start") == f"{VENV}/bin/cuvil-edged",
+                f"install-daemon wrote ExecStart={entry.get('exec_start')}, not the venv's")
+        _expect(entry.get("tensorrt") == trt, f"the venv imports TensorRT {entry.get('tensorrt')!r}, expected the "
+                                             f"system's {trt} (--system-site-packages)")
+        exe = ctx.board.ssh(f"readlink /proc/{state.get('MainPID')}/exe; tr '\\0' ' ' < /proc/{state.get('MainPID')}"
+                            "/cmdline", check=False).stdout
+        _expect(VENV in exe, f"the daemon does not run from the venv: {exe.strip()[:200]}")
         # L4T: the GPU nodes are root:video, the render node root:render, jtop's socket root:jtop;
         # install-daemon adds jtop (a drop-in) because this board has the group.
         missing = {"video", "render", "jtop"} - set(groups)
