@@ -33,7 +33,7 @@ traceback::
     │   │   └── DeviceActivating     deploy/layout.py: the device's own deploy step holds the lock
     │   ├── LockBusy                 deploy/activate.py: the device side finds the lock held
     │   ├── IncompatibleDevice       deploy/probe.py: bundle built for another board or release
-    │   └── _HTTPFailure             deploy/health.py: the daemon did not answer (private)
+    │   └── DaemonHTTPFailure        deploy/health.py: the daemon did not answer or refused
     ├── TensorRTMissing      runtime/trt/tensorrt_import.py: TensorRT or pycuda not importable here
     ├── _NoCuda              runtime/buffers.py: pycuda or a CUDA device missing (private: pageable fallback)
     ├── TopError             top.py: a daemon cannot be read (unreachable, refused, not cuvil-edged)

@@ -7,7 +7,7 @@ which it derives request rate and mean batch size between two refreshes). Nothin
 the device for the view's sake, so watching a board costs it two small HTTP requests a second.
 
 The daemon listens on its loopback; for a remote board ``--ssh user@host`` opens the same SSH port
-forward ``cuvil-edge deploy`` uses (:meth:`cuvil_edge.deploy.transport.SSHTransport.forward_local`)
+forward ``cuvil-edge deploy`` uses (``Transport.forward_local``, :mod:`cuvil_edge.deploy.transport_base`)
 for as long as the view runs. ``q`` or Ctrl-C ends it and restores the terminal.
 """
 
@@ -359,7 +359,8 @@ def ssh_forward(address: str, daemon_port: int = 8000, identity: str | None = No
     """
     import asyncio
 
-    from cuvil_edge.deploy.transport import SSHTransport, parse_address
+    from cuvil_edge.deploy.transport import parse_address
+    from cuvil_edge.deploy.transports import open_transport
 
     given = {"identity": identity, "known_hosts": known_hosts, "daemon_port": daemon_port}
     addr = parse_address(address, **{k: v for k, v in given.items() if v is not None})
@@ -371,7 +372,7 @@ def ssh_forward(address: str, daemon_port: int = 8000, identity: str | None = No
 
     async def hold() -> None:
         try:
-            async with SSHTransport(addr, connect_timeout=connect_timeout) as tr:
+            async with open_transport(addr, connect_timeout) as tr:
                 async with tr.forward_local(addr.daemon_port) as local:
                     port.append(local)
                     started.set()

@@ -8,11 +8,18 @@ the forwarded port.
 
 ``smoke`` keeps CI short (boot, install, kernels, install-daemon + READY, one deploy, infer ==
 FP32); ``full`` adds the upgrade, reload, failing gate + rollback, watchdog, stop/drain,
-systemd-analyze security, board identity and tegrastats checks.
+systemd-analyze security, board identity and tegrastats checks, and the power cuts;
+``powercut`` is the prerequisites and the power cuts (:data:`CUTS`): QEMU is killed at a named
+point of a deploy, the board boots again from the same disk, and within the confirm deadline it
+must serve a version that passed its gate, whose files verify and which its state file names.
+
+A check that makes the daemon log an ERROR line on purpose declares it (``Check.expected_errors``);
+any other ERROR line of the daemon fails the run (``hil/runner.py``).
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import subprocess
@@ -55,6 +62,9 @@ class SuiteContext:
     workdir: Path
     info: dict[str, Any] = field(default_factory=dict)
     bundles: dict[str, Path] = field(default_factory=dict)
+    workdir_run: Path | None = None  # the run's evidence folder (journals of each boot go there)
+    expected_errors: list[str] = field(default_factory=list)  # regexes the checks that ran declared
+    journal_errors: list[str] = field(default_factory=list)  # daemon ERROR lines of boots that ended in a cut
     _keys: tuple[Path, Path] | None = None
 
     # ------------------------------------------------------------------ host side
@@ -101,6 +111,17 @@ class SuiteContext:
             self.bundles[label] = make_suite_bundle(self.workdir / "bundles" / f"hilnet-{version}.cvb",
                                                     self.keys()[0], version, bad_gate=bad)
         return self.bundles[label]
+
+    def cut_bundle(self, version: str, bad_gate: bool = False, padding: int = 0) -> Path:
+        """A bundle of the suite model at ``version`` for a power cut (``padding`` bytes of payload
+        make the upload and the extraction long enough to cut in the middle)."""
+        key = f"cut-{version}"
+        if key not in self.bundles:
+            from hil.bundles import make_suite_bundle
+
+            self.bundles[key] = make_suite_bundle(self.workdir / "bundles" / f"hilnet-{version}.cvb",
+                                                  self.keys()[0], version, bad_gate=bad_gate, padding=padding)
+        return self.bundles[key]
 
     def deploy(self, label: str) -> tuple[int, dict[str, Any]]:
         """``cuvil-edge deploy`` of a suite bundle; returns (exit code, the device's report entry)."""
@@ -673,11 +694,191 @@ def check_stop_drains(ctx: SuiteContext) -> dict[str, Any]:
             "connection_errors_after_close": len(stats["errors"])}
 
 
+# ---------------------------------------------------------------------- power cuts
+
+STORE = "/var/lib/cuvil-edge"
+PAUSE_DIR = "/run/cuvil-hil-pause"  # tmpfs: a boot after a cut never finds a pause flag
+CUT_HEALTH_TIMEOUT = 90
+CUT_DEADLINE = 150  # the confirm deadline of the cut deploys: the board must be right within it
+
+
+@dataclass(frozen=True)
+class Cut:
+    """One power cut: where (a pause point of the device step, or a moment the rig times), what runs."""
+
+    name: str
+    where: str
+    action: str  # deploy | deploy-bad | rollback | reload | upload | deployed
+    step: str | None = None  # the device step's pause point (``activate.pause``, ``ondevice unpack``)
+    padding: int = 0
+    expect_new: bool = False  # the new version must serve after the cut (it was confirmed before it)
+    expected_errors: tuple[str, ...] = ()
+
+
+CUTS: tuple[Cut, ...] = (
+    Cut("upload", "during the upload: the board's sftp-server frozen with a partial .part on disk",
+        "upload", padding=24 << 20),
+    Cut("extract", "during extract: tar wrote every file, none fsynced yet", "deploy", "extract", padding=8 << 20),
+    Cut("before-switch", "between extract and switch: version installed, pending recorded, current not switched",
+        "deploy", "before-switch"),
+    Cut("after-switch", "after the switch: current names the new version, not yet gated", "deploy", "after-switch"),
+    Cut("gate", "during the health gate: the daemon serves the new version, unconfirmed", "deploy", "gate"),
+    Cut("gate-failing", "during the health gate of a bundle whose gate fails", "deploy-bad", "gate"),
+    Cut("outcome", "while the outcome is written: the new state file fsynced, not yet renamed", "deploy",
+        "outcome"),
+    Cut("outcome-failing", "while a rolled-back outcome is written (current already switched back)", "deploy-bad",
+        "outcome"),
+    Cut("prune", "during a prune: an old version moved out of bundles/, its files not yet deleted", "deploy",
+        "prune"),
+    Cut("deployed", "just after a deploy confirmed (its outcome on disk)", "deployed", expect_new=True),
+    Cut("rollback", "after the switch of `cuvil-edge rollback`, before its gate", "rollback", "after-switch"),
+    Cut("reload", "during a daemon reload (systemctl reload, SIGHUP)", "reload"),
+)
+
+
+def _store_json(ctx: SuiteContext, *args: str) -> dict[str, Any]:
+    from hil.bundles import MODEL_NAME
+
+    res = ctx.board.ssh(["cuvil-edge-device", *args, "--store", STORE, "--name", MODEL_NAME], check=False,
+                        timeout=300)
+    lines = [ln for ln in res.stdout.splitlines() if ln.startswith("{")]
+    if not lines:
+        raise CheckFailed(f"cuvil-edge-device {args[0]} printed no JSON (exit {res.returncode}): "
+                          f"{(res.stderr or res.stdout).strip()[-400:]}")
+    return dict(json.loads(lines[-1]))
+
+
+def _prepare_cuts(ctx: SuiteContext) -> None:
+    """Once per boot: the pause hook's variable for root's SSH sessions (pam_env reads
+    /etc/environment), so only the deploy step of this rig's sessions can pause; the daemon's unit
+    never sees it."""
+    ctx.board.ssh(f"grep -q CUVIL_EDGE_TEST_PAUSE_DIR /etc/environment || "
+                  f"echo CUVIL_EDGE_TEST_PAUSE_DIR={PAUSE_DIR} >> /etc/environment; mkdir -p {PAUSE_DIR}")
+    seen = ctx.board.ssh("echo $CUVIL_EDGE_TEST_PAUSE_DIR").stdout.strip()
+    _expect(seen == PAUSE_DIR, f"root's SSH sessions do not get the pause hook's variable from /etc/environment "
+                               f"(got {seen!r}): the cuts could not land at their points")
+
+
+def _wait_board(ctx: SuiteContext, test: str, timeout: float, what: str, proc: subprocess.Popen[str] | None) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if ctx.board.ssh(test, check=False, timeout=60).returncode == 0:
+            return
+        if proc is not None and proc.poll() is not None:
+            out = proc.stdout.read() if proc.stdout else ""
+            raise CheckFailed(f"the host's command ended (exit {proc.returncode}) before {what}: {out[-600:]}")
+        time.sleep(0.3)
+    raise CheckFailed(f"{what} did not happen within {timeout:.0f} s")
+
+
+def _host_cmd(ctx: SuiteContext, cut: Cut, version: str, report: Path) -> list[str]:
+    from hil.bundles import MODEL_NAME
+
+    common = [*ctx.device_args(), "--health-timeout", str(CUT_HEALTH_TIMEOUT), "--confirm-deadline",
+              str(CUT_DEADLINE), "--connect-timeout", "30", "--json"]
+    if cut.action == "rollback":
+        return [sys.executable, "-m", "cuvil_edge.cli", "rollback", MODEL_NAME, *common]
+    bundle = ctx.cut_bundle(version, bad_gate=cut.action == "deploy-bad", padding=cut.padding)
+    return [sys.executable, "-m", "cuvil_edge.cli", "deploy", str(bundle), "--pub", str(ctx.keys()[1]),
+            "--report", str(report), *common]
+
+
+def check_power_cut(ctx: SuiteContext, cut: Cut) -> dict[str, Any]:
+    """Cut the power at ``cut``, boot from the same disk: the board serves a gated, verified version."""
+    b = ctx.board
+    if not b.emulated:
+        raise CheckSkipped("power cuts need the emulated board (SIGKILL of QEMU)")
+    _prepare_cuts(ctx)
+    n = CUTS.index(cut)
+    version = f"1.{20 + n}.0"
+    before = ctx.served_version()
+    report = ctx.workdir / f"cut-{cut.name}.json"
+    b.ssh(f"rm -f {PAUSE_DIR}/*; " + (f"touch {PAUSE_DIR}/{cut.step}.pause" if cut.step else "true"))
+    proc = None
+    observed = ""
+    if cut.action == "reload":
+        b.ssh(["systemctl", "reload", UNIT])
+        time.sleep(0.3)
+        observed = "systemctl reload returned; the daemon re-reads the store"
+    else:
+        argv = _host_cmd(ctx, cut, version, report)
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO,
+                                stdin=subprocess.DEVNULL)
+        if cut.action == "upload":
+            # Freeze the board's SFTP server as soon as a partial upload is on disk.
+            watch = (f"while ! ls {STORE}/deploy/uploads/*.part >/dev/null 2>&1; do sleep 0.05; done; "
+                     "kill -STOP $(pgrep -n sftp-server); sleep 0.5; "
+                     f"stat -c %s {STORE}/deploy/uploads/*.part")
+            out = b.ssh(["timeout", "300", "sh", "-c", watch], check=False, timeout=330)
+            if out.returncode != 0:
+                raise CheckFailed(f"no partial upload appeared on the board: {out.stderr[-300:]}")
+            observed = f"partial upload of {out.stdout.strip()} bytes on disk"
+        elif cut.action == "deployed":
+            try:
+                proc.wait(600)
+            except subprocess.TimeoutExpired:
+                raise CheckFailed("the deploy did not finish within 600 s") from None
+            observed = f"deploy exited {proc.returncode}"
+        else:
+            _wait_board(ctx, f"test -e {PAUSE_DIR}/{cut.step}.reached", 600, f"the device step reaching {cut.step}",
+                        proc)
+            observed = f"device step paused at {cut.step}"
+    current_at_cut = b.ssh(f"readlink {STORE}/bundles/hilnet/current", check=False).stdout.strip()
+    if ctx.workdir_run is not None:
+        from hil.runner import board_journal
+
+        (ctx.workdir_run / f"journal-boot{b.power_cuts}.txt").write_text(board_journal(b))
+    from hil.runner import daemon_error_lines
+
+    ctx.journal_errors.extend(daemon_error_lines(b))
+    b.power_cut()
+    t_cut = time.monotonic()
+    boot_s = b.power_on()
+    state = ctx.wait_unit("active", "running", timeout=600)
+    served = ctx.served_version(timeout=300)
+    seconds_to_serve = round(time.monotonic() - t_cut, 1)
+    verify = _store_json(ctx, "verify")
+    host: dict[str, Any] = {}
+    if proc is not None:
+        try:
+            proc.wait(CUT_DEADLINE + 90)
+        except subprocess.TimeoutExpired:
+            proc.kill()  # our own child; its result no longer matters
+            proc.wait(30)
+            host["note"] = "the host's command was still reconnecting; stopped"
+        host["exit"] = proc.returncode
+        if report.is_file():
+            data = json.loads(report.read_text())
+            entry = (data.get("devices") or data.get("results") or [{}])[0]
+            host.update({k: entry.get(k) for k in ("status", "stage", "version", "serving", "reason")})
+    details = {"where": cut.where, "observed": observed, "current_at_cut": current_at_cut, "before": before,
+               "new": version if cut.action not in ("reload", "rollback") else None, "served_after": served,
+               "boot_seconds": boot_s, "seconds_cut_to_serving": seconds_to_serve,
+               "unit": f"{state.get('ActiveState')}/{state.get('SubState')}",
+               "state_file": {k: verify.get(k) for k in ("version", "files_ok", "healthy", "pending", "reason")},
+               "host": host}
+    want = version if cut.expect_new else before
+    _expect(served == want, f"after the cut {cut.where!r} the board serves {served}, expected {want}: {details}")
+    _expect(verify.get("version") == served, f"current names {verify.get('version')}, the daemon serves {served}")
+    _expect(bool(verify.get("files_ok")), f"{served}'s files do not verify: {verify.get('reason')}")
+    _expect(bool(verify.get("healthy")) and not verify.get("pending"),
+            f"the state file does not name {served} healthy with nothing pending: {verify}")
+    _expect(seconds_to_serve < CUT_DEADLINE + boot_s,
+            f"{seconds_to_serve} s from the cut to serving, past the {CUT_DEADLINE} s deadline after the boot")
+    if host.get("status") == "deployed":
+        _expect(served == version, f"the host reported deployed {version}, the board serves {served}")
+    elif host.get("status") == "rolled-back":
+        _expect(served != version, f"the host reported rolled-back, the board serves {version}")
+    return details
+
+
 @dataclass(frozen=True)
 class Check:
     name: str
     fn: Callable[[SuiteContext], dict[str, Any]]
     smoke: bool
+    expected_errors: tuple[str, ...] = ()  # regexes of daemon ERROR lines this check causes on purpose
+    powercut: bool = False  # part of the powercut suite (and of full)
 
 
 CHECKS: tuple[Check, ...] = (
@@ -697,16 +898,22 @@ CHECKS: tuple[Check, ...] = (
     Check("security_exposure", check_security, False),
     Check("watchdog_restart", check_watchdog, False),
     Check("stop_drains", check_stop_drains, False),
+    *(Check(f"powercut[{c.name}]", functools.partial(check_power_cut, cut=c), False,
+            expected_errors=c.expected_errors, powercut=True) for c in CUTS),
 )
-SUITES = ("smoke", "full", "boot")
+SUITES = ("smoke", "full", "powercut", "boot")
+# The powercut suite's prerequisites: a board with the daemon installed and one version deployed.
+POWERCUT_BASE = ("boot", "install_project", "install_daemon_ready", "deploy_fresh")
 
 
 def checks_for(suite: str) -> list[Check]:
-    """The checks of ``smoke``, ``full`` or ``boot`` (boot only: the fallback proof), in order."""
+    """The checks of ``smoke``, ``full``, ``powercut`` or ``boot`` (boot only: the fallback proof), in order."""
     if suite == "full":
         return list(CHECKS)
     if suite == "smoke":
         return [c for c in CHECKS if c.smoke]
+    if suite == "powercut":
+        return [c for c in CHECKS if c.name in POWERCUT_BASE or c.powercut]
     if suite == "boot":
         return [CHECKS[0]]
     raise HilError(f"unknown suite '{suite}'; use {', '.join(SUITES)}")

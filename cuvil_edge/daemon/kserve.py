@@ -39,11 +39,12 @@ from cuvil_edge import __version__
 from cuvil_edge.bundle.names import check_component
 from cuvil_edge.daemon.batcher import Pending
 from cuvil_edge.daemon.http import Request, json_error
+from cuvil_edge.daemon.infer import BadRequest, MemoryRefused
 from cuvil_edge.daemon.limits import JsonRefused, Limits, bearer_ok, finite_json_list, loads_limited
 from cuvil_edge.daemon.models import ModelInstance, ModelRegistry, UnknownModel
 from cuvil_edge.daemon.pipeline import IMAGE_INPUT
 from cuvil_edge.daemon.shm import OutputTarget, SharedMemoryError, SharedMemoryRegistry, shm_params, shm_route
-from cuvil_edge.errors import BundleError, CuvilEdgeError, DaemonError
+from cuvil_edge.errors import BundleError, CuvilEdgeError
 from cuvil_edge.runtime.base import datatype_of
 
 __all__ = ["EXTENSIONS", "App", "BadRequest", "MemoryRefused", "decode_infer", "model_config_doc",
@@ -58,18 +59,6 @@ _JSON = b"application/json"
 _TEXT = b"text/plain; version=0.0.4; charset=utf-8"
 _EMPTY_OK = b"{}"
 _MAX_NAME = 128  # the bundle contract's longest name (cuvil_edge.bundle.names)
-
-
-class BadRequest(DaemonError):
-    """A request the client must fix; ``status`` is the HTTP code."""
-
-    def __init__(self, message: str, status: int = 400) -> None:
-        super().__init__(message)
-        self.status = status
-
-
-class MemoryRefused(DaemonError):
-    """A model's footprint does not fit the memory budget (HTTP 507)."""
 
 
 def _shape_ok(spec_shape: tuple[int, ...], shape: list[int]) -> bool:

@@ -38,6 +38,12 @@ __all__ = ["ModelEntry", "ModelInstance", "ModelRegistry", "UnknownModel"]
 log = logging.getLogger("cuvil_edge.daemon.models")
 
 
+def _first_line(exc: BaseException) -> str:
+    """An exception's message cut to its first line (ONNX Runtime's carry a stack of their own)."""
+    text = str(exc).strip()
+    return text.splitlines()[0][:500] if text else ""
+
+
 class UnknownModel(DaemonError):
     """The request names a model (or version) that is not being served."""
 
@@ -97,12 +103,32 @@ class ModelInstance:
     # ------------------------------------------------------------------ loading (worker thread)
 
     def load(self, warmup: bool = True) -> None:
-        """Activate the backend, build the pipeline, warm up and check the sample."""
-        self.backend.activate()
+        """Activate the backend, build the pipeline, warm up and check the sample.
+
+        Raises:
+            CuvilEdgeError: the model does not load, does not run on its warm-up inputs, or
+                answers its sample differently from ``sample/expected.npz``. A failure of the
+                runtime itself (ONNX Runtime's own exceptions) is one :class:`DaemonError` naming
+                the model and the step, so one model's failure never takes the daemon down.
+        """
+        step = "loading"
+        try:
+            self.backend.activate()
+        except CuvilEdgeError:
+            raise
+        except Exception as exc:
+            raise DaemonError(f"{self.name} {self.version}: the runtime cannot load the model: "
+                              f"{type(exc).__name__}: {_first_line(exc)}") from exc
         try:
             ins, outs = self.backend.inputs, self.backend.outputs
             self.pipeline = Pipeline(self.spec, ins, outs)
-            batching = bool(ins) and all(s.shape and s.shape[0] == -1 for s in ins)
+            # Requests are concatenated on axis 0. A model batches across requests only when every
+            # input has its batch there: an input whose batch axis is elsewhere (a recurrent state
+            # [2, batch, 128]), a scalar, or a declared state input runs one request per execution,
+            # so two clients' states are never mixed.
+            axes = self.spec.batch_axes
+            batching = (bool(ins) and all(s.shape and s.shape[0] == -1 and axes.get(s.name, 0) == 0 for s in ins)
+                        and not self.spec.state_inputs)
             # No max_batch in the manifest (or 0): the daemon's own default for a batching model.
             mb = self.spec.max_batch if self.spec.declared("max_batch") else 0
             if batching:
@@ -113,36 +139,41 @@ class ModelInstance:
             self.input_specs = {s.name: s for s in self.pipeline.request_inputs}
             self.output_specs = {s.name: s for s in self.pipeline.request_outputs}
             if warmup:
+                step = "warm-up"
                 self._warmup()
             self.footprint_bytes = self.backend.footprint().total
-        except BaseException:
+        except BaseException as exc:
             self.backend.deactivate()
+            if isinstance(exc, Exception) and not isinstance(exc, CuvilEdgeError):
+                raise DaemonError(f"{self.name} {self.version}: {step} failed: {type(exc).__name__}: "
+                                  f"{_first_line(exc)}") from exc
             raise
         self.loaded_at = time.time()
 
     def _warmup(self) -> None:
+        """Run the model on real inputs before it serves: the bundle's own sample (checked against
+        ``sample/expected.npz``), else the optimization profile's shapes, else, for a model whose
+        inputs have no free dimension but the batch, zeros of its shape. Never invented sizes: a
+        detector's Resize or a streaming model's Pad refuses a 1x1 image or a 1-sample chunk."""
         sample = self._sample()
-        feeds: list[dict[str, np.ndarray]] = []
-        if sample is not None:
-            feeds.append(sample)
-        else:
-            feeds.append(self._zeros(1))
-        if self.max_batch > 1:
-            feeds.append(self._zeros(self.max_batch))
-        for feed in feeds:
-            self.backend.infer(feed)
+        feed = sample if sample is not None else self._profile_feed()
+        if feed is None:
+            log.info("%s %s: no sample inputs and no profile shapes for its dynamic dimensions; warm-up skipped",
+                     self.name, self.version)
+            return
+        self.backend.infer(feed)
         if sample is not None:
             self._check_expected(sample)
-        one = self._zeros(1)
+        one = self._rows(feed, 1)
         self.backend.infer(one)
         t0 = time.perf_counter()
         self.backend.infer(one)
         self.single_us = (time.perf_counter() - t0) * 1e6
         if self.max_batch > 1 and self._autotune:
-            self.batch_limit = self._tune_batch()
+            self.batch_limit = self._tune_batch(one)
 
-    def _tune_batch(self) -> int:
-        """The batch size with the lowest time per sample, measured on zeros at warm-up.
+    def _tune_batch(self, one: dict[str, np.ndarray]) -> int:
+        """The batch size with the lowest time per sample, measured at warm-up on the warm-up input.
 
         Bigger is not always faster: on a CPU, EfficientNet-Lite0 at batch 4 or 8 spills its
         activations out of the caches and can cost more per image than at batch 1 (measured here:
@@ -152,7 +183,7 @@ class ModelInstance:
         to be chosen; among sizes within 5% of the best, the larger wins.
         """
         sizes = sorted({1, self.max_batch} | {2 ** k for k in range(1, 8) if 2 ** k < self.max_batch})
-        feeds = {n: self._zeros(n) for n in sizes}
+        feeds = {n: self._rows(one, n) for n in sizes}
         for n in sizes:
             self.backend.infer(feeds[n])
         samples: dict[int, list[float]] = {n: [] for n in sizes}
@@ -173,10 +204,26 @@ class ModelInstance:
                  self.batch_profile_us)
         return chosen
 
-    def _zeros(self, n: int) -> dict[str, np.ndarray]:
+    def _rows(self, feed: dict[str, np.ndarray], n: int) -> dict[str, np.ndarray]:
+        """``feed`` with ``n`` samples: its first sample repeated on axis 0 for a batching model;
+        unchanged for one that does not batch (its inputs are one request as they are)."""
+        if not self.max_batch:
+            return feed
+        return {k: np.repeat(v[:1], n, axis=0) for k, v in feed.items()}
+
+    def _profile_feed(self) -> dict[str, np.ndarray] | None:
+        """Zeros in the shapes the recipe's optimization profiles name (``opt``, batch 1), or the
+        model's own shapes when only the batch axis is free; None when a size is unknown."""
+        profiles = self.spec.profile_shapes
+        axes = self.spec.batch_axes
         feed = {}
         for s in self.backend.inputs:
-            shape = tuple(n if (i == 0 and d < 0) else (d if d > 0 else 1) for i, d in enumerate(s.shape))
+            shape = list(profiles.get(s.name) or s.shape)
+            axis = axes.get(s.name, 0)
+            if axis is not None and axis < len(shape):
+                shape[axis] = 1
+            if len(shape) != len(s.shape) or any(d < 0 for d in shape):
+                return None
             feed[s.name] = np.zeros(shape, s.dtype)
         return feed
 
@@ -425,12 +472,20 @@ class ModelRegistry:
             try:
                 inst = await loop.run_in_executor(None, self._build, name, version)
             except BaseException as exc:
+                failure = exc
+                if isinstance(exc, Exception) and not isinstance(exc, CuvilEdgeError):
+                    # Whatever a bundle's files or the runtime raise, the caller gets one error
+                    # naming the model; the daemon and the other models go on.
+                    failure = DaemonError(f"{name}: load failed: {type(exc).__name__}: {_first_line(exc)}")
+                    log.debug("loading model %s failed", name, exc_info=exc)
                 if entry.instance is None:
                     entry.state = "UNAVAILABLE"
-                    entry.reason = f"load failed: {exc}"
+                    entry.reason = f"load failed: {failure}"
                 else:
                     entry.state = previous_state
-                log.error("loading model %s failed: %s", name, exc)
+                log.error("loading model %s failed: %s", name, failure)
+                if failure is not exc:
+                    raise failure from exc
                 raise
             inst.start(loop)
             old = entry.instance

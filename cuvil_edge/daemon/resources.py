@@ -36,12 +36,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from cuvil_edge.bundle.manifest import Manifest
+from cuvil_edge.daemon.infer import MemoryRefused
 from cuvil_edge.errors import CuvilEdgeError, DaemonError
 from cuvil_edge.runtime.buffers import BufferPool, Placement
 
 if TYPE_CHECKING:
     from cuvil_edge.daemon.batcher import Batcher
     from cuvil_edge.daemon.metrics import ModelStats
+    from cuvil_edge.telemetry.control import DepthInputs
 
 __all__ = ["Resources"]
 
@@ -72,6 +74,15 @@ class _StageTimes:
     exec_ms: float | None
     blocked_pct: float | None
     completed_per_s: float | None
+
+    def inputs(self, queue_p95_ms: float | None, target_ms: float | None, memory_level: int,
+               pre_workers: int) -> DepthInputs:
+        """The prefetch controller's inputs for this tick."""
+        from cuvil_edge.telemetry.control import DepthInputs
+
+        return DepthInputs(queue_p95_ms, target_ms, memory_level=memory_level, gpu_busy_pct=self.busy_pct,
+                           pre_ms=self.pre_ms, exec_ms=self.exec_ms, depth_blocked_pct=self.blocked_pct,
+                           completed_per_s=self.completed_per_s, pre_workers=pre_workers)
 
 
 @dataclass(frozen=True)
@@ -273,7 +284,6 @@ class Resources:
         """Reserve a model version's footprint; raises MemoryRefused when it does not fit."""
         if self.scheduler is None:
             return
-        from cuvil_edge.daemon.kserve import MemoryRefused
         from cuvil_edge.daemon.scheduler import MemoryBudgetError
 
         max_batch = max(1, int(self.config.max_batch or manifest.max_batch or 1))
@@ -347,7 +357,6 @@ class Resources:
             loop = asyncio.get_running_loop()
         except RuntimeError:
             return
-        from cuvil_edge.daemon.kserve import MemoryRefused
 
         pending = sorted(self.unloaded_by_pressure)
         self.unloaded_by_pressure.clear()
@@ -429,11 +438,8 @@ class Resources:
                     continue
                 ctl = self.prefetch[key] = PrefetchController(1, b.max_depth, initial_depth=min(2, b.max_depth))
             target = inst.spec.latency_p95_ms
-            depth = ctl.update(sample, inst.stats.queue_p95_ms(), target or None,
-                               memory_level=level, gpu_busy_pct=stages.busy_pct,
-                               pre_ms=stages.pre_ms, exec_ms=stages.exec_ms,
-                               depth_blocked_pct=stages.blocked_pct, completed_per_s=stages.completed_per_s,
-                               pre_workers=max(1, b.max_depth - 1))
+            depth = ctl.step(sample, stages.inputs(inst.stats.queue_p95_ms(), target or None, level,
+                                                   pre_workers=max(1, b.max_depth - 1)))
             if self.scheduler is not None:
                 depth = min(depth, self.scheduler.prefetch_cap(b.max_depth))
             b.set_depth(depth)

@@ -27,14 +27,16 @@ import os
 import signal
 import stat
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-from cuvil_edge.bundle.activation import revert_expired
+from cuvil_edge.bundle.activation import can_write_state, expired_pending, revert_expired
 from cuvil_edge.daemon.accept import Acceptor, connection_cap, listen_tcp, listen_unix
 from cuvil_edge.daemon.config import Config
 from cuvil_edge.daemon.gpu_metrics import GpuMetrics, power_limit_w
 from cuvil_edge.daemon.http import HttpProtocol
+from cuvil_edge.daemon.infer import MemoryRefused
 from cuvil_edge.daemon.kserve import App
 from cuvil_edge.daemon.limits import Limits
 from cuvil_edge.daemon.metrics import render_prometheus
@@ -193,7 +195,7 @@ class Server:
             with contextlib.suppress(NotImplementedError, RuntimeError):
                 loop.add_signal_handler(signal.SIGUSR2, self._fault_stall)
                 log.warning("debug fault hooks on (%s=1): SIGUSR2 stalls the event loop", FAULT_HOOKS_ENV)
-        tick = asyncio.ensure_future(self._tick_loop())
+        tick = asyncio.ensure_future(self._supervised(self._tick_loop, "tick"))
         await self._stop.wait()
         await self.shutdown()
         tick.cancel()
@@ -225,13 +227,20 @@ class Server:
         self.revert_expired_switches()  # before loading: a reboot mid-deploy ends on the gated version
         self.resources.notify("STATUS=loading models")
         names = cfg.models or self.store.names()
+        failed: dict[str, str] = {}
         for name in names:
             try:
                 await self.registry.load(name)
             except CuvilEdgeError as exc:
                 if cfg.strict:
                     raise DaemonError(f"model {name!r} failed to load: {exc}") from exc
+                if not isinstance(exc, MemoryRefused):  # it may fit later: not a model that cannot serve
+                    failed[name] = str(exc)
                 log.error("model %s not served: %s", name, exc)
+        if failed and len(failed) == len(names):
+            # Serving nothing at all is a failed start (exit 3), not a daemon that reports ready.
+            raise DaemonError(f"no model can serve: {len(failed)} failed to load "
+                              f"({', '.join(sorted(failed))}); see the errors above")
         freeze_heap()
         self.state.ready = True
         self.state.phase = "ready"
@@ -404,7 +413,21 @@ class Server:
 
     # ------------------------------------------------------------------ tick
 
+    async def _supervised(self, loop_fn: Callable[[], Awaitable[None]], name: str) -> None:
+        """Run ``loop_fn`` for good: when it raises, log it and start it again a second later."""
+        while True:
+            try:
+                await loop_fn()
+                return
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("%s loop failed; restarting it", name)
+                await asyncio.sleep(1.0)
+
     async def _tick_loop(self) -> None:
+        """The tick, supervised: an exception in one round is logged and the loop goes on, so the
+        watchdog pings never stop because of something read from disk (issue 26, finding 7)."""
         cfg = self.config
         next_check = time.monotonic() + REVERT_CHECK_S
         while True:
@@ -415,7 +438,8 @@ class Server:
                 log.exception("tick failed")
             if time.monotonic() >= next_check:
                 next_check = time.monotonic() + REVERT_CHECK_S
-                if self.revert_expired_switches():
+                # Off the event loop: it reads state files (bounded in size, but a disk can be slow).
+                if await asyncio.to_thread(self.revert_expired_switches):
                     # As SIGHUP does, in its own task: the tick keeps feeding the watchdog meanwhile.
                     task = asyncio.ensure_future(self.reload())
                     self._tasks.add(task)
@@ -423,12 +447,27 @@ class Server:
 
     def revert_expired_switches(self) -> bool:
         """Revert deploy switches left pending past their confirm deadline (``bundle/activation.py``);
-        True when something was reverted (the caller reloads the store)."""
+        True when something was reverted (the caller reloads the store).
+
+        Where this process may not write the store's deploy state (a stock install: the unit's
+        dynamic user, the store's deploy files root's), root reverts instead (the unit's
+        ``ExecStartPre=+`` and the deploy step's revert timer, which reloads the daemon); the
+        daemon only notes once that a switch is due. Never raises: a bad state file is
+        ignored and logged once by the state reader.
+        """
+        store = self.config.store
         try:
-            done = revert_expired(self.config.store)
-        except OSError as exc:
+            if not can_write_state(store):
+                due = expired_pending(store)
+                if due and not self._revert_warned:
+                    log.info("unconfirmed deploy switch past its deadline (%s); root's revert timer reverts it "
+                             "(this daemon may not write %s)", ", ".join(f"{n}: {r}" for n, r in due), store)
+                    self._revert_warned = True
+                return False
+            done = revert_expired(store)
+        except Exception as exc:  # noqa: BLE001 - nothing read from disk may stop the daemon
             if not self._revert_warned:
-                log.error("cannot revert pending deploy switches in %s: %s", self.config.store, exc)
+                log.warning("cannot revert pending deploy switches in %s: %s: %s", store, type(exc).__name__, exc)
                 self._revert_warned = True
             return False
         for r in done:

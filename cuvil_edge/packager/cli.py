@@ -19,6 +19,7 @@ import typer
 from rich.table import Table
 
 from cuvil_edge._console import console, id_column, print_table
+from cuvil_edge._device_options import DeviceSelection, device_options
 from cuvil_edge.recipes import QUANTIZERS
 
 __all__ = ["engine_app", "inspect_cmd", "register"]
@@ -319,28 +320,20 @@ def plan_cmd(
 
 
 @engine_app.command("build")
+@device_options(leave_out=("no_host_key_check", "device_python"), to_flag="--on",
+                to_help="Build for this device, \\[user@]host\\[:port] (repeat: the first of a key builds, the "
+                        "others get the cached engine). Without --on, --store and --root are this machine's.")
 def build_cmd(
     bundle: Path = typer.Argument(None, help="With --on: the bundle (.cvb) whose engine to build."),
-    on: list[str] = typer.Option(None, "--on", help="Build for this device, \\[user@]host\\[:port] (repeat: the "
-                                 "first of a key builds, the others get the cached engine)."),
-    inventory: Path = typer.Option(None, "--inventory", help="With a bundle: TOML inventory of devices (as for "
-                                   "cuvil-edge deploy)."),
+    devices: DeviceSelection = DeviceSelection(),
     plan: Path = typer.Option(None, "--plan", help="On the device: build plan JSON (engine/plan-trt<ver>.json)."),
     onnx: Path = typer.Option(None, "--onnx", help="On the device: the ONNX model the plan was made for."),
     out: Path = typer.Option(None, "--out", help="On the device: write the engine here (instead of --store)."),
-    store: str = typer.Option(None, "--store", help="Bundle store: the engine goes to <store>/engines/<key>/. "
-                              "With --on: the device's store."),
-    root: str = typer.Option(None, "--root", help="Device system root whose facts give the engine key. "
-                             "Defaults to /."),
     builder: str = typer.Option(None, "--builder", help="tensorrt (default) or standin: the STAND-IN builder for "
                                 "machines without TensorRT (tests; never a real engine)."),
     timing_cache: Path = typer.Option(None, "--timing-cache", help="With --out: timing cache to read and update."),
     pub: Path = typer.Option(None, "--pub", help="With --on: public key the bundle's signature must verify with."),
     allow_unsigned: bool = typer.Option(False, "--allow-unsigned", help="With --on: skip the signature check."),
-    identity: Path = typer.Option(None, "--identity", "-i", help="SSH private key."),
-    known_hosts: Path = typer.Option(None, "--known-hosts", help="known_hosts file."),
-    daemon_port: int = typer.Option(None, "--daemon-port", help="Daemon port on the device (reload after the "
-                                    "build). Defaults to 8000."),
     device_cli: str = typer.Option("cuvil-edge", "--device-cli", help="How to run cuvil-edge on the device."),
     dla_core: int = typer.Option(-1, "--dla-core", help="Build for this DLA core (-1: the GPU)."),
     rebuild: bool = typer.Option(False, "--rebuild", help="Build on the device even when an engine is cached."),
@@ -355,15 +348,15 @@ def build_cmd(
     the device side: --plan and --onnx, into --store (or --out); needs TensorRT (the jetson extra).
     """
     start = time.monotonic()
-    if on or inventory is not None:
+    store, root = devices.store, devices.root
+    if devices.to or devices.inventory is not None:
         from cuvil_edge.errors import ModelError
 
         if _build_on_devices is None:
             raise ModelError("engine build --on needs deploy's host side; run it as cuvil-edge engine build --on")
-        _build_on_devices(bundle, on or [], inventory=inventory, pub=pub, allow_unsigned=allow_unsigned, identity=identity,
-                         known_hosts=known_hosts, root=root, store=store, daemon_port=daemon_port,
-                         device_cli=device_cli, builder=builder, dla_core=None if dla_core < 0 else dla_core,
-                         rebuild=rebuild, as_json=as_json)
+        _build_on_devices(bundle, devices, pub=pub, allow_unsigned=allow_unsigned, device_cli=device_cli,
+                          builder=builder, dla_core=None if dla_core < 0 else dla_core, rebuild=rebuild,
+                          as_json=as_json)
         return
     from cuvil_edge.errors import ModelError
 

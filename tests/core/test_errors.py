@@ -48,7 +48,7 @@ def test_every_exception_is_drawn_in_the_tree():
 
 @pytest.mark.parametrize(("where", "name", "base"), [
     ("cuvil_edge.daemon.kserve", "BadRequest", DaemonError),
-    ("cuvil_edge.deploy.health", "_HTTPFailure", DeployError),
+    ("cuvil_edge.deploy.health", "DaemonHTTPFailure", DeployError),
     ("cuvil_edge.daemon.grpc_server", "RpcFailure", DaemonError),
 ])
 def test_rebased_classes_keep_their_home_and_behaviour(where, name, base):

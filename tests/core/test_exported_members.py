@@ -69,9 +69,10 @@ EXPORTS: dict[str, list[str]] = {
     ],
     "cuvil_edge.deploy": [
         "DeployOptions", "DeviceAddress", "DeviceBusy", "DeviceFacts", "DeviceResult", "FleetReport",
-        "IncompatibleDevice", "InstallResult", "PreparedBundle", "RolloutPolicy", "SSHTransport", "Unreachable",
-        "check_compatible", "deploy_device", "device_status", "install_daemon", "load_inventory",
-        "parse_address", "prepare_bundle", "probe_device", "rollback_device", "rollout", "run_sync"
+        "IncompatibleDevice", "InstallResult", "LocalTransport", "PreparedBundle", "RolloutPolicy", "SSHTransport",
+        "TRANSPORTS", "Transport", "Unreachable", "check_compatible", "deploy_device", "device_status",
+        "install_daemon", "load_inventory", "open_transport", "parse_address", "prepare_bundle", "probe_device",
+        "rollback_device", "rollout", "run_sync", "select_devices",
     ],
     "cuvil_edge.deploy.engines": [
         "BundleEngineSource", "EngineOutcome", "choose_plan", "ensure_engine", "ensure_engines"
