@@ -266,14 +266,9 @@ def _qemu_argv(image: BoardImage, target: HilTarget, mem_mb: int, smp: int, over
     machine = "virt" + (f",dumpdtb={dumpdtb}" if dumpdtb else "")
     argv = [QEMU, "-M", machine, "-accel", "tcg,thread=multi", "-cpu", target.cpu, "-smp", str(smp),
             "-m", str(mem_mb), "-kernel", str(image.kernel), "-initrd", str(image.initrd),
-<<<<<<< HEAD
             "-append", " ".join(["root=/dev/vda rw console=ttyAMA0 net.ifnames=0 systemd.show_status=error",
                                  BOOT_MASKS, *_personality_kernel_args(target)]),
-            "-drive", f"file={overlay},if=virtio,format=qcow2,cache=unsafe",
-=======
-            "-append", "root=/dev/vda rw console=ttyAMA0 net.ifnames=0 systemd.show_status=error " + BOOT_MASKS,
             "-drive", f"file={overlay},if=virtio,format=qcow2,cache={cache}",
->>>>>>> main
             "-netdev", f"user,id=n0{fwd}", "-device", "virtio-net-pci,netdev=n0,romfile=",
             "-device", "virtio-rng-pci",
             "-display", "none", "-serial", f"file:{console}", "-monitor", "none", "-no-reboot"]

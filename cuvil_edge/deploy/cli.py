@@ -315,17 +315,12 @@ def install_daemon_cmd(
     devices: DeviceSelection = DeviceSelection(),
     unit: Path = _opt(None, "--unit", help="Unit file to install. Defaults to the packaged cuvil-edged.service."),
     start: bool = _opt(True, "--start/--no-start", help="Restart the service where systemd runs."),
-<<<<<<< HEAD
     wheels: Path = _opt(None, "--wheels", help="Folder of wheels prepared for the board's Python and arch "
                         "(cuvil_edge-*.whl and its dependencies): installed offline into --venv, and the unit runs "
                         "that venv's cuvil-edged."),
     venv: str = _opt("/opt/cuvil-edge/venv", "--venv", help="The board's virtual environment (made with "
                      "--system-site-packages, where JetPack's TensorRT is)."),
     no_deps: bool = _opt(False, "--no-deps", help="With --wheels: install only the wheels' own packages."),
-    identity: Path = IDENTITY,
-    known_hosts: Path = KNOWN_HOSTS,
-    no_host_key_check: bool = NO_HOST_KEY_CHECK,
-    root: str = ROOT,
     connect_timeout: float = CONNECT_TIMEOUT,
     as_json: bool = AS_JSON,
 ) -> None:
@@ -334,25 +329,14 @@ def install_daemon_cmd(
     As root or as a login user with sudo (a sudo that asks for a password is one clear error). With
     --wheels the project is installed first, offline, into a venv that sees the system's TensorRT.
     """
-=======
-    connect_timeout: float = CONNECT_TIMEOUT,
-    as_json: bool = AS_JSON,
-) -> None:
-    """Install the daemon's systemd unit on each device and enable it (daemon-reload where systemd runs)."""
     from cuvil_edge.deploy.fleet import select_devices
->>>>>>> main
     from cuvil_edge.deploy.install import install_daemon, read_unit
 
     t0 = time.monotonic()
     addresses = select_devices(devices)
     data = read_unit(unit)
-<<<<<<< HEAD
-    results = _on_each(devices, lambda d: install_daemon(d, data, start, connect_timeout, wheels, venv, no_deps),
-                       limit=max(1, len(devices)))
-=======
-    results = _on_each(addresses, lambda d: install_daemon(d, data, start, connect_timeout),
+    results = _on_each(addresses, lambda d: install_daemon(d, data, start, connect_timeout, wheels, venv, no_deps),
                        limit=max(1, len(addresses)))
->>>>>>> main
     if as_json:
         print(json.dumps([r.to_dict() for r in results], indent=2))
     else:

@@ -19,13 +19,9 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-<<<<<<< HEAD
-from cuvil_edge.deploy.transport import CommandResult, DeviceAddress, SSHTransport, Unreachable
-=======
 from cuvil_edge.deploy.transport import DeviceAddress, Unreachable
-from cuvil_edge.deploy.transport_base import Transport
+from cuvil_edge.deploy.transport_base import CommandResult, Transport
 from cuvil_edge.deploy.transports import open_transport
->>>>>>> main
 from cuvil_edge.errors import DeployError
 
 __all__ = ["DEFAULT_VENV", "InstallResult", "SudoNeedsPassword", "default_unit", "exec_start", "install_daemon",
@@ -87,12 +83,12 @@ class _Privileged:
     """Root's file and command operations on the device: directly when the login user is root,
     through ``sudo -n`` otherwise (files staged in a private temp folder, then ``install``-ed)."""
 
-    def __init__(self, tr: SSHTransport, sudo: bool) -> None:
+    def __init__(self, tr: Transport, sudo: bool) -> None:
         self.tr, self.sudo = tr, sudo
         self._stage: str | None = None
 
     @classmethod
-    async def open(cls, tr: SSHTransport) -> _Privileged:
+    async def open(cls, tr: Transport) -> _Privileged:
         res = await tr.run(["id", "-u"])
         if res.exit_status != 0:
             raise DeployError(f"{tr.address.label}: id -u failed: {res.stderr.strip()[:200]}")
@@ -183,7 +179,7 @@ def exec_start(unit: bytes) -> str:
     return ""
 
 
-async def _install_venv(tr: SSHTransport, priv: _Privileged, address: DeviceAddress, wheels: Path, venv: str,
+async def _install_venv(tr: Transport, priv: _Privileged, address: DeviceAddress, wheels: Path, venv: str,
                         no_deps: bool) -> None:
     """Copy the host's wheels to the board and install them, offline, into ``venv``.
 
@@ -244,8 +240,7 @@ async def install_daemon(address: DeviceAddress, unit: bytes | None = None, star
     res = InstallResult(device=address.label, status="failed")
     t0 = time.monotonic()
     try:
-<<<<<<< HEAD
-        async with SSHTransport(address, connect_timeout) as tr:
+        async with open_transport(address, connect_timeout) as tr:
             priv = await _Privileged.open(tr)
             res.sudo = priv.sudo
             try:
@@ -295,40 +290,6 @@ async def install_daemon(address: DeviceAddress, unit: bytes | None = None, star
                 res.status = "installed" if changed else "unchanged"
             finally:
                 await priv.close()
-=======
-        async with open_transport(address, connect_timeout) as tr:
-            unit_dir = address.sys_path("etc/systemd/system")
-            dest = os.path.join(unit_dir, UNIT_NAME)
-            res.unit_path = dest
-            same = await tr.read_bytes(dest) == unit
-            await tr.makedirs(unit_dir)
-            if not same:
-                await tr.write_bytes_atomic(dest, unit)
-            changed = not same
-            for target in targets:
-                wants = os.path.join(unit_dir, f"{target}.wants")
-                await tr.makedirs(wants)
-                link = os.path.join(wants, UNIT_NAME)
-                # The link names the unit as the running system sees it, whatever the root.
-                want = f"/etc/systemd/system/{UNIT_NAME}"
-                if await tr.readlink(link) != want:
-                    await tr.remove(link + ".new")
-                    await tr.symlink(want, link + ".new")
-                    await tr.rename(link + ".new", link)
-                    changed = True
-                res.enabled.append(target)
-            changed |= await _jtop_dropin(tr, address, unit_dir)
-            res.systemd_running = address.root in ("", "/") and await tr.exists("/run/systemd/system")
-            if res.systemd_running:
-                for argv in (["systemctl", "daemon-reload"],
-                             ["systemctl", "restart", UNIT_NAME] if start else None):
-                    if argv is None:
-                        continue
-                    out = await tr.run(argv)
-                    if out.exit_status != 0:
-                        raise DeployError(f"{address.label}: {' '.join(argv)} failed: {out.stderr.strip()[:300]}")
-            res.status = "installed" if changed else "unchanged"
->>>>>>> main
     except Unreachable as exc:
         res.status, res.reason = "unreachable", str(exc)
     except DeployError as exc:
@@ -346,11 +307,7 @@ def has_group(group_file: bytes | None, name: str) -> bool:
     return any(line.split(":", 1)[0] == name for line in (group_file or b"").decode("utf-8", "replace").splitlines())
 
 
-<<<<<<< HEAD
-async def _jtop_dropin(tr: SSHTransport, priv: _Privileged, address: DeviceAddress, unit_dir: str) -> bool:
-=======
-async def _jtop_dropin(tr: Transport, address: DeviceAddress, unit_dir: str) -> bool:
->>>>>>> main
+async def _jtop_dropin(tr: Transport, priv: _Privileged, address: DeviceAddress, unit_dir: str) -> bool:
     """Write ``cuvil-edged.service.d/jtop.conf`` adding the ``jtop`` group where that group exists,
     remove it where it does not (``SupplementaryGroups=`` with a missing group fails the unit); True
     when something changed."""
