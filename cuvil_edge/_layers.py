@@ -74,6 +74,9 @@ LAYERS: tuple[Layer, ...] = (
     Layer("platform", ("targets", "sve", "trt_plugins"),
           "board profiles, the C kernels and TensorRT plugins"),
     Layer("foundation", ("errors", "_atomic", "_toml", "_progress", "_console", "_cache", "_layers", "_device_options",
+                         "_optional",
+                         "_test_hooks",
+                         "_prometheus",
                          PACKAGE),
           "the error tree, atomic writes, TOML, consoles and progress, the host cache directory", sideways=True),
 )

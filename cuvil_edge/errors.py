@@ -19,9 +19,11 @@ traceback::
     ├── TelemetryError       telemetry source or parse failure
     │   └── SourceExhausted          telemetry/base.py: the source ended normally
     ├── DaemonError          daemon configuration or serving failure
-    │   ├── BadRequest               daemon/kserve.py: a request the client must fix (HTTP 4xx)
-    │   ├── MemoryRefused            daemon/kserve.py: a model does not fit the budget (HTTP 507)
+    │   ├── BadRequest               daemon/infer.py: a request the client must fix (HTTP 4xx)
+    │   ├── MemoryRefused            daemon/infer.py: a model does not fit the budget (HTTP 507)
+    │   ├── Refusal                  daemon/infer.py: refused before decoding: pressure, draining (HTTP 503)
     │   ├── UnknownModel             daemon/models.py: no such model or version being served
+    │   │   └── ModelUnavailable     daemon/models.py: unloaded under memory pressure, back by itself (HTTP 503)
     │   ├── MemoryBudgetError        daemon/scheduler/memory.py: over the memory budget
     │   ├── SharedMemoryError        daemon/shm.py: a shared-memory request the client must fix
     │   ├── JsonRefused              daemon/limits.py: a JSON body refused (too big, deep, malformed); also a ValueError

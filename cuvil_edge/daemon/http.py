@@ -10,7 +10,8 @@ Untrusted input costs little (the bounds are :class:`~cuvil_edge.daemon.limits.L
 
 * a connection beyond ``max_connections`` gets 503 at once and is closed;
 * on headers-complete, before one body byte is kept and before ``100 Continue``: the bearer
-  token (401), the declared size against ``max_body`` (413) and against the bytes all connections
+  token (401); a body on anything but a ``POST`` to an authenticated route (a ``GET``, a
+  ``HEAD``, a health probe) is refused at once (400) and never reserved; the declared size against ``max_body`` (413) and against the bytes all connections
   buffer together, ``max_buffered`` (503 + ``Retry-After``); a chunked body is counted as it comes;
 * request line plus headers over ``max_header`` get 431; ``CONNECT`` gets one 405; a request
   asking for a protocol ``Upgrade`` is answered as plain HTTP/1.1 once, then the connection closes;
@@ -38,7 +39,7 @@ from typing import Any
 
 import httptools
 
-from cuvil_edge.daemon.limits import bearer_ok
+from cuvil_edge.daemon.limits import MAX_ERROR, bearer_ok, printable
 
 __all__ = ["HttpProtocol", "Request", "STATUS_LINES", "json_error"]
 
@@ -55,7 +56,7 @@ STATUS_LINES = {code: f"HTTP/1.1 {code} {reason}\r\n".encode() for code, reason 
 _JSON = b"application/json"
 _OCTET = b"application/octet-stream"
 _LINGER_S = 2.0  # how long a refused connection may keep sending before it is closed
-_OPEN_PATHS = "/v2/health/"  # answered without the bearer token (probes)
+_OPEN_PATHS = b"/v2/health/"  # answered without the bearer token (probes); they take no body
 
 
 def json_error(message: str) -> bytes:
@@ -111,8 +112,8 @@ class Request:
         self.respond(status, payload)
 
     def error(self, status: int, message: str, headers: list[tuple[bytes, bytes]] | None = None) -> None:
-        """Answer ``{"error": message}`` with ``status``."""
-        self.respond(status, json_error(message), _JSON, headers)
+        """Answer ``{"error": message}`` with ``status`` (the message cut to ``MAX_ERROR`` characters)."""
+        self.respond(status, json_error(printable(message, MAX_ERROR)), _JSON, headers)
 
     @property
     def done(self) -> bool:
@@ -256,7 +257,8 @@ class HttpProtocol(asyncio.Protocol):
         self._upgrade = b"upgrade" in headers.get(b"connection", b"").lower() and b"upgrade" in headers
         # Auth before the body: nothing of an unauthenticated client is buffered.
         token = self.server.token
-        if token is not None and not self._url.startswith(_OPEN_PATHS.encode()):
+        open_path = self._url.startswith(_OPEN_PATHS)
+        if token is not None and not open_path:
             if not bearer_ok(headers.get(b"authorization"), token):
                 self.server.on_refused("auth")
                 self._refuse(401, "missing or wrong bearer token: send 'Authorization: Bearer <token>'",
@@ -269,6 +271,19 @@ class HttpProtocol(asyncio.Protocol):
                 n = int(length)
             except ValueError:
                 n = -1
+        if (n > 0 or b"chunked" in headers.get(b"transfer-encoding", b"").lower()) and (
+                open_path or self.parser.get_method() != b"POST"):
+            # Only a POST to an authenticated route takes a body: a GET, a HEAD or a probe that
+            # declares one is refused before a byte of it is counted, kept or waited for.
+            method = self.parser.get_method()
+            where = f"{method.decode('latin-1')} {printable(self._url.split(b'?', 1)[0])}"
+            if method in (b"GET", b"HEAD"):
+                self._refuse(400, f"{where}: a {method.decode()} request takes no body")
+            else:
+                self._refuse(405, f"{where} takes no request body" + (": use GET" if open_path else ""),
+                             [(b"allow", b"GET, HEAD")] if open_path else None)
+            return
+        if length is not None:
             if n > self.limits.max_body:
                 self._reject_too_large(n)
                 return

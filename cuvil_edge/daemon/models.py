@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -33,9 +33,28 @@ from cuvil_edge.runtime import Backend, BackendOptions, TensorSpec, load_backend
 from cuvil_edge.runtime.buffers import BufferPool
 from cuvil_edge.runtime.trt_select import EngineChoice, backend_for_choice, choose_engine
 
-__all__ = ["ModelEntry", "ModelInstance", "ModelRegistry", "UnknownModel"]
+if TYPE_CHECKING:
+    from cuvil_edge.daemon.config import Config
+
+__all__ = ["ModelEntry", "ModelInstance", "ModelRegistry", "ModelUnavailable", "UnknownModel", "io_bytes_per_item"]
 
 log = logging.getLogger("cuvil_edge.daemon.models")
+
+
+def io_bytes_per_item(manifest: Manifest) -> int:
+    """Bytes one sample's inputs and outputs take (free dimensions counted as 1): what the memory
+    scheduler multiplies by batches queued and in flight."""
+    total = 0
+    for entry in [*manifest.inputs, *manifest.outputs]:
+        try:
+            spec = TensorSpec.from_manifest(entry)
+        except CuvilEdgeError:
+            continue
+        n = 1
+        for d in spec.shape[1:]:
+            n *= max(d, 1)
+        total += n * spec.dtype.itemsize
+    return total
 
 
 def _first_line(exc: BaseException) -> str:
@@ -46,6 +65,15 @@ def _first_line(exc: BaseException) -> str:
 
 class UnknownModel(DaemonError):
     """The request names a model (or version) that is not being served."""
+
+
+class ModelUnavailable(UnknownModel):
+    """The model is not served now but comes back by itself (unloaded under memory pressure, it
+    loads again once the pressure eases): a retry after ``retry_after`` seconds may succeed."""
+
+    def __init__(self, message: str, retry_after: int) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
 
 
 class ModelInstance:
@@ -97,6 +125,8 @@ class ModelInstance:
         self.single_us: float | None = None  # EWMA of a batch-1 execution, microseconds
         self.input_specs: dict[str, TensorSpec] = {}
         self.output_specs: dict[str, TensorSpec] = {}
+        # Bytes of one sample's inputs and outputs, from the manifest once (the memory tick reads it).
+        self.io_bytes_per_item = io_bytes_per_item(manifest)
         # Which runtime serves this version and why (/config and cuvil-edge status report it).
         self.engine = EngineChoice()
 
@@ -346,6 +376,8 @@ class ModelInstance:
             p.result = {k: v[offset:offset + n] for k, v in out.items()} if len(ready) > 1 else out
             offset += n
             if p.encode is not None:
+                # An encoder returns the answer, or sets p.error for a client's mistake it finds
+                # (a shared-memory region too small for an output) and returns None.
                 try:
                     p.body = p.encode(p)
                 except Exception as exc:
@@ -379,6 +411,7 @@ class ModelEntry:
     instance: ModelInstance | None = None
     state: str = "UNAVAILABLE"
     reason: str = ""
+    retry_after: int | None = None  # seconds: the model comes back by itself (unloaded under pressure)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
 
@@ -388,7 +421,7 @@ class ModelRegistry:
     Args:
         store (BundleStore): where bundles come from.
         options (BackendOptions): backend options.
-        config (Any): the daemon Config (batching, warm-up, public key).
+        config (Config): the daemon's settings (batching, warm-up, public key, engine choice).
         admit (Callable | None): ``admit(name, version, bundle_dir, manifest, estimate_bytes)``
             raising DaemonError when the model does not fit (memory co-scheduler); None to skip.
         release (Callable | None): ``release(name, version)`` when an instance is retired.
@@ -396,7 +429,7 @@ class ModelRegistry:
         pool (BufferPool | None): where batch buffers come from. Defaults to plain allocations.
     """
 
-    def __init__(self, store: BundleStore, options: BackendOptions, config: Any,
+    def __init__(self, store: BundleStore, options: BackendOptions, config: Config,
                  admit: Callable[..., Any] | None = None,
                  release: Callable[[str, str], Any] | None = None,
                  measured: Callable[[str, str, int], Any] | None = None,
@@ -419,6 +452,9 @@ class ModelRegistry:
         entry = self.entries.get(name)
         inst = entry.instance if entry is not None else None
         if inst is None:
+            if entry is not None and entry.retry_after is not None:
+                raise ModelUnavailable(f"model '{name}' is not available now ({entry.reason}); retry in "
+                                       f"{entry.retry_after} s", entry.retry_after)
             if entry is not None and entry.reason:
                 raise UnknownModel(f"Request for unknown model: '{name}' has no available versions"
                                    f" ({entry.reason})")
@@ -481,6 +517,7 @@ class ModelRegistry:
                 if entry.instance is None:
                     entry.state = "UNAVAILABLE"
                     entry.reason = f"load failed: {failure}"
+                    entry.retry_after = None
                 else:
                     entry.state = previous_state
                 log.error("loading model %s failed: %s", name, failure)
@@ -492,6 +529,7 @@ class ModelRegistry:
             entry.instance = inst
             entry.state = "READY"
             entry.reason = ""
+            entry.retry_after = None
             log.info("model %s version %s ready (%s backend, max batch %d, %.1f MiB)%s", name, inst.version,
                      inst.engine.backend, inst.max_batch, inst.footprint_bytes / 1048576,
                      f"; {inst.engine.reason}" if inst.engine.reason else "")
@@ -499,8 +537,14 @@ class ModelRegistry:
                 self._retire(old)
             return inst
 
-    async def unload(self, name: str) -> None:
+    async def unload(self, name: str, reason: str = "unloaded", retry_after: int | None = None) -> None:
         """Stop serving ``name``; requests it already holds still complete.
+
+        Args:
+            name (str): the model.
+            reason (str): what the index and refused requests say. Defaults to "unloaded".
+            retry_after (int | None): seconds after which it is expected back (unloaded under
+                memory pressure: requests get 503 with Retry-After); None for an unload that lasts.
 
         Raises:
             UnknownModel: the model is not loaded.
@@ -512,7 +556,8 @@ class ModelRegistry:
             old = entry.instance
             entry.instance = None
             entry.state = "UNAVAILABLE"
-            entry.reason = "unloaded"
+            entry.reason = reason
+            entry.retry_after = retry_after
             if old is not None:
                 self._retire(old)
                 log.info("model %s version %s unloaded", name, old.version)
@@ -530,10 +575,20 @@ class ModelRegistry:
                               f"but it is stored under {name!r}; reinstall the bundle")
         ver = manifest.version
         choice = self._choose_engine(bundle_dir, manifest)
-        backend = self._backend(choice, bundle_dir, manifest)
+        try:
+            backend = self._backend(choice, bundle_dir, manifest)
+            estimate = backend.footprint().total
+        except CuvilEdgeError as exc:
+            if choice.backend == "onnxruntime":
+                raise
+            # A plan whose record matches but whose bytes are no engine (rewritten together).
+            log.warning("%s %s: engine %s cannot be opened (%s); serving with ONNX Runtime", name, ver,
+                        choice.engine_key, exc)
+            choice = choice.fall_back(f"engine failed to load: {exc}", refused=True)
+            backend = self._backend(choice, bundle_dir, manifest)
+            estimate = backend.footprint().total
         inst = self._instance(name, ver, bundle_dir, manifest, backend)
         inst.engine = choice
-        estimate = backend.footprint().total
         if self.admit is not None:
             self.admit(name, ver, bundle_dir, manifest, estimate)
         try:
@@ -563,9 +618,8 @@ class ModelRegistry:
         cfg = self.config
         try:
             return choose_engine(Path(self.store.layout.engines_dir), bundle_dir, manifest,
-                                 root=str(getattr(cfg, "root", "/") or "/"), dla_core=getattr(cfg, "dla_core", None),
-                                 allow_standin=bool(getattr(cfg, "engine_standin", False)),
-                                 device=str(getattr(cfg, "device", "auto")))
+                                 root=cfg.root or "/", dla_core=cfg.dla_core,
+                                 allow_standin=cfg.engine_standin, device=cfg.device)
         except CuvilEdgeError as exc:
             return EngineChoice(precision=manifest.precision).fall_back(f"engine lookup failed: {exc}")
 
@@ -586,7 +640,7 @@ class ModelRegistry:
         return ModelInstance(name, ver, bundle_dir, manifest, backend, self.config.max_batch,
                              self.config.preferred_batch, self.config.max_queue_delay_us,
                              max(1, self.config.max_depth), float(self.config.inline_us), self.pool,
-                             bool(getattr(self.config, "batch_autotune", True)))
+                             self.config.batch_autotune)
 
     def _retire(self, inst: ModelInstance) -> None:
         task = asyncio.ensure_future(self._retire_when_idle(inst))

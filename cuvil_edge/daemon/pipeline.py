@@ -40,6 +40,7 @@ __all__ = [
     "TOPK_SCORES",
     "Pipeline",
     "kernels",
+    "top_k",
 ]
 
 log = logging.getLogger("cuvil_edge.daemon.pipeline")
@@ -62,7 +63,7 @@ def kernels() -> Any:
         try:
             from cuvil_edge import sve
 
-            info = sve.cpu_info() if hasattr(sve, "cpu_info") else None
+            info: dict[str, Any] | None = sve.cpu_info() if hasattr(sve, "cpu_info") else None
             _SVE = sve if info is not None else None
             if info is not None:
                 # One line per process, so an operator (and the HIL rig) sees the ISA chosen per op.
@@ -106,7 +107,10 @@ def _softmax(x: np.ndarray) -> np.ndarray:
     return e / e.sum(axis=-1, keepdims=True)
 
 
-def _topk(x: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+def top_k(x: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """The ``k`` largest values of each row (last axis) and their indices, best first, ties by
+    index: the one top-k of the daemon (the classification post-process and Triton's
+    classification extension, :func:`cuvil_edge.daemon.infer.classify`)."""
     k = min(k, x.shape[-1])
     if x.shape[-1] <= 256:  # one sort beats partition + gather + sort on short rows
         idx = np.argsort(-x, axis=-1, kind="stable")[..., :k]
@@ -149,6 +153,8 @@ class Pipeline:
                  outputs: list[TensorSpec]) -> None:
         self.model_inputs = inputs
         self.model_outputs = outputs
+        pre: Mapping[str, Any] | None
+        post: Mapping[str, Any] | None
         if isinstance(manifest, Manifest):
             pre, post = manifest.preprocess, manifest.postprocess
         else:  # the two sections alone (tests, the HIL suite)
@@ -285,7 +291,7 @@ class Pipeline:
                 log.debug("sve.softmax_topk failed (%s); numpy fallback", exc)
         if soft:
             x = _softmax(x)
-        vals, idx = _topk(x, k)
+        vals, idx = top_k(x, k)
         return vals.astype(np.float32), idx
 
     def _detect(self, raw: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -29,8 +29,9 @@ import stat
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from cuvil_edge._test_hooks import FAULT_HOOKS_ENV, fault_hooks_enabled, stall_forever
 from cuvil_edge.bundle.activation import can_write_state, expired_pending, revert_expired
 from cuvil_edge.daemon.accept import Acceptor, connection_cap, listen_tcp, listen_unix
 from cuvil_edge.daemon.config import Config
@@ -38,24 +39,25 @@ from cuvil_edge.daemon.gpu_metrics import GpuMetrics, power_limit_w
 from cuvil_edge.daemon.http import HttpProtocol
 from cuvil_edge.daemon.infer import MemoryRefused
 from cuvil_edge.daemon.kserve import App
-from cuvil_edge.daemon.limits import Limits
 from cuvil_edge.daemon.metrics import render_prometheus
 from cuvil_edge.daemon.models import ModelRegistry
 from cuvil_edge.daemon.resources import Resources
 from cuvil_edge.daemon.shm import SharedMemoryRegistry
+from cuvil_edge.daemon.state import ServerState
 from cuvil_edge.daemon.store import BundleStore
 from cuvil_edge.errors import CuvilEdgeError, DaemonError
 from cuvil_edge.runtime import BackendOptions
 
+if TYPE_CHECKING:
+    from cuvil_edge.daemon.grpc_server import GrpcFrontend
+
 __all__ = ["STARTUP_FAILURE", "Server", "ServerState"]
 
 log = logging.getLogger("cuvil_edge.daemon")
+access = logging.getLogger("cuvil_edge.daemon.access").info  # --access-log
 
 STARTUP_FAILURE = 3  # exit code, as uvicorn's
 REVERT_CHECK_S = 1.0  # how often the tick looks for deploy switches past their confirm deadline
-# Debug-only fault hooks, off by default: with this variable set to 1, SIGUSR2 stalls the event
-# loop for good, so the HIL rig can prove systemd's watchdog kills and restarts a hung daemon.
-FAULT_HOOKS_ENV = "CUVIL_EDGED_DEBUG_FAULT_HOOKS"
 
 
 def freeze_heap() -> None:
@@ -64,80 +66,6 @@ def freeze_heap() -> None:
     request garbage triggers only walk young objects: fewer multi-millisecond pauses in p99."""
     gc.collect()
     gc.freeze()
-
-
-class ServerState:
-    """Counters, flags and limits shared by the connections and the server.
-
-    Args:
-        limits (Limits): what one client may cost (:meth:`Config.limits`).
-        token (str | None): the bearer token every endpoint but ``/v2/health/*`` requires.
-    """
-
-    def __init__(self, limits: Limits | int, token: str | None = None) -> None:
-        if isinstance(limits, int):  # the former signature: ServerState(max_body)
-            limits = Limits(max_body=limits, max_buffered=max(limits, Limits.max_buffered))
-        self.limits = limits
-        self.max_body = limits.max_body
-        self.token = token.encode() if token else None
-        self.max_connections = limits.max_connections  # lowered to fit the open-file limit at bind
-        self.buffered = 0  # request bytes held by every connection now
-        self.buffered_peak = 0
-        self.refused: dict[str, int] = {"connections": 0, "auth": 0, "buffered": 0}
-        self._refusal_logged = -1e9
-        self._refusals_unlogged = 0
-        self.connections: set[HttpProtocol] = set()
-        self.inflight = 0
-        self.total_requests = 0
-        self.protocol_errors = 0
-        self.failed_unknown = 0
-        self.rejected = 0
-        self.client_gone = 0
-        self.ready = False
-        self.shutting_down = False
-        self.stopped = False
-        self.phase = "starting"
-
-    def on_request_done(self, req: Any, status: int) -> None:
-        self.inflight -= 1
-        self.total_requests += 1
-
-    def on_client_gone(self, req: Any) -> None:
-        self.inflight -= 1
-        self.client_gone += 1
-        pending = getattr(req, "state", None)
-        if pending is not None and hasattr(pending, "cancelled"):
-            pending.cancelled = True  # the batcher skips it if it has not run yet
-
-    def on_protocol_error(self, status: int) -> None:
-        self.protocol_errors += 1
-
-    def reserve(self, n: int) -> bool:
-        """Count ``n`` more buffered request bytes, unless that passes ``limits.max_buffered``."""
-        if self.buffered + n > self.limits.max_buffered:
-            return False
-        self.buffered += n
-        self.buffered_peak = max(self.buffered_peak, self.buffered)
-        return True
-
-    def release(self, n: int) -> None:
-        """Forget ``n`` buffered bytes (the request was answered or its client left)."""
-        self.buffered = max(0, self.buffered - n)
-
-    def on_refused(self, kind: str) -> None:
-        """Count a refusal (``connections``, ``auth``, ``buffered``); log at most one line per 10 s."""
-        self.refused[kind] = self.refused.get(kind, 0) + 1
-        if kind == "auth":
-            return  # a client error, counted in /metrics; not worth a log line each
-        now = time.monotonic()
-        if now - self._refusal_logged >= 10.0:
-            log.warning("refusing clients with 503: %s (%d open connections, limit %d; %d bytes buffered, "
-                        "limit %d); %d more refusal(s) since the last report", kind, len(self.connections),
-                        self.max_connections, self.buffered, self.limits.max_buffered, self._refusals_unlogged)
-            self._refusal_logged = now
-            self._refusals_unlogged = 0
-        else:
-            self._refusals_unlogged += 1
 
 
 class Server:
@@ -149,13 +77,13 @@ class Server:
 
     def __init__(self, config: Config) -> None:
         self.config = config
-        self.state = ServerState(config.limits(), config.token)
+        self.state = ServerState(config.limits(), config.token, config.access_log)
         self.store = BundleStore(config.store)
         self.resources = Resources(config)
         self.registry: ModelRegistry | None = None
         self.app: App | None = None
-        self.shm = SharedMemoryRegistry() if config.shared_memory else None
-        self.grpc: Any = None  # GrpcFrontend when gRPC is on
+        self.shm = SharedMemoryRegistry(max_input_bytes=config.max_body_bytes) if config.shared_memory else None
+        self.grpc: GrpcFrontend | None = None  # when gRPC is on
         self.gpu_metrics: GpuMetrics | None = None  # Triton's nv_gpu_* series, with telemetry
         self._servers: list[Acceptor] = []
         self._stop: asyncio.Event | None = None  # created on the loop
@@ -191,7 +119,7 @@ class Server:
                              (signal.SIGHUP, self._on_hup)):
             with contextlib.suppress(NotImplementedError, RuntimeError):
                 loop.add_signal_handler(sig, handler)
-        if os.environ.get(FAULT_HOOKS_ENV) == "1":
+        if fault_hooks_enabled():  # test-only (_test_hooks.py): the HIL rig's watchdog test
             with contextlib.suppress(NotImplementedError, RuntimeError):
                 loop.add_signal_handler(signal.SIGUSR2, self._fault_stall)
                 log.warning("debug fault hooks on (%s=1): SIGUSR2 stalls the event loop", FAULT_HOOKS_ENV)
@@ -346,6 +274,7 @@ class Server:
             from cuvil_edge.daemon.grpc_server import GrpcFrontend
         except ImportError as exc:
             raise DaemonError(f"gRPC needs the grpcio package ({exc}); install it or run with --grpc 0") from exc
+        assert self.app is not None  # startup made it before listening
         self.grpc = GrpcFrontend(self.app, self.config, self.shm)
         self.bound.append(await self.grpc.start())
 
@@ -357,14 +286,8 @@ class Server:
             self._stop.set()
 
     def _fault_stall(self) -> None:
-        """Debug fault hook: block the event loop as a deadlocked handler would (never returns).
-
-        No tick runs, so no ``WATCHDOG=1`` is sent and systemd's watchdog must kill and restart
-        the service. Installed only when :data:`FAULT_HOOKS_ENV` is ``1``.
-        """
-        log.error("debug fault hook: SIGUSR2 received, stalling the event loop")
-        while True:
-            time.sleep(3600)
+        """Debug fault hook: block the event loop (no tick, no ``WATCHDOG=1``: systemd must restart us)."""
+        stall_forever(log)
 
     def _on_hup(self) -> None:
         log.info("SIGHUP: reloading the bundle store")
@@ -557,7 +480,7 @@ class Server:
         gauges["cuvil_model_memory_bytes"] = (
             "Measured memory footprint of the model",
             [({"model": i.name, "version": i.version}, i.footprint_bytes) for i in instances])
-        counters = {
+        counters: dict[str, tuple[str, list[tuple[dict[str, str], float]]]] = {
             "cuvil_http_requests_total": ("HTTP requests answered", [({}, s.total_requests)]),
             "cuvil_http_protocol_errors_total": ("Malformed or oversized HTTP requests", [({}, s.protocol_errors)]),
             "cuvil_http_client_gone_total": ("Requests whose client disconnected first", [({}, s.client_gone)]),

@@ -18,10 +18,9 @@ Mender commit on the device). In order:
 6. release the device lock.
 
 Nothing here needs the SSH side of deploy: the module imports the store rules and, for the gate,
-``deploy/health.py``. ``CUVIL_EDGE_TEST_PAUSE_DIR`` is a test-only hook (off unless set): at a step
-named ``S`` the step waits while ``<dir>/S.pause`` exists, after creating ``<dir>/S.reached``. Steps:
-``before-switch``, ``after-switch``, ``gate``, ``outcome`` (between the fsync of the new state file
-and its rename).
+``deploy/health.py``. The steps call the test-only pause hook of ``cuvil_edge/_test_hooks.py`` (off
+unless its variable is set) at ``before-switch``, ``after-switch``, ``gate`` and ``outcome`` (between
+the fsync of the new state file and its rename).
 """
 
 from __future__ import annotations
@@ -41,6 +40,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cuvil_edge._atomic import atomic_write_bytes, fsync_dir
+from cuvil_edge._test_hooks import PAUSE_ENV, pause  # test-only; see _test_hooks.py
 from cuvil_edge.bundle.activation import (
     add_event,
     current_version,
@@ -68,26 +68,10 @@ from cuvil_edge.errors import CuvilEdgeError, DeployError
 
 __all__ = ["ActivateRequest", "LockBusy", "launch", "release_lock", "run_activate", "take_lock", "wait_outcome"]
 
-PAUSE_ENV = "CUVIL_EDGE_TEST_PAUSE_DIR"
 GATE_MARGIN_S = 5.0  # the gate ends this long before the deadline, so the step, not the daemon, decides
 LOCK_GRACE_S = 60.0
 LOG_KEEP = 20
 START_GRACE_S = 5.0
-
-
-def pause(step: str) -> None:
-    """Test-only hook (see the module docstring); a no-op unless ``CUVIL_EDGE_TEST_PAUSE_DIR`` is set."""
-    directory = os.environ.get(PAUSE_ENV)
-    if not directory:
-        return
-    flag = os.path.join(directory, f"{step}.pause")
-    if not os.path.exists(flag):
-        return
-    with open(os.path.join(directory, f"{step}.reached"), "w") as f:
-        f.write(str(os.getpid()))
-    end = time.monotonic() + 300
-    while os.path.exists(flag) and time.monotonic() < end:
-        time.sleep(0.05)
 
 
 @dataclass

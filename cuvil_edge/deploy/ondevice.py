@@ -195,8 +195,8 @@ def _ack(args: argparse.Namespace) -> int:
 
 
 def _unpack(args: argparse.Namespace) -> int:
+    from cuvil_edge._test_hooks import pause
     from cuvil_edge.bundle.names import is_safe_component
-    from cuvil_edge.deploy.activate import pause
     from cuvil_edge.deploy.unpack import unpack_upload
     from cuvil_edge.errors import DeployError
 

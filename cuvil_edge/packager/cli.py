@@ -31,9 +31,14 @@ _QUANTIZER_HELP = "; ".join(f"{name}: {what}" for name, what in QUANTIZERS.items
 def _recipe(
     model: str | None, recipe_path: Path | None, target: str | None, precision: str | None,
     calib: str | None, eval_data: str | None, name: str | None, version: str | None,
+    input_shapes: list[str] | None = None, preprocess: str | None = None, exclude: list[str] | None = None,
+    batch_axes: list[str] | None = None,
 ) -> Any:
+    """The recipe a command runs: ``--recipe`` (or one made from MODEL and ``--target``), then every
+    flag given on top of it, each checked as the recipe field it stands for."""
     from cuvil_edge.errors import RecipeError
-    from cuvil_edge.recipes import load_recipe, recipe_from_dict
+    from cuvil_edge.packager.package import bundle_name
+    from cuvil_edge.recipes import input_shape_from_text, load_recipe, preprocess_from_text, recipe_from_dict
 
     if recipe_path is not None:
         recipe = load_recipe(recipe_path)
@@ -45,7 +50,7 @@ def _recipe(
         if not target:
             raise RecipeError("--target is required without --recipe (see: cuvil-edge targets)")
         recipe = recipe_from_dict(
-            {"name": name or Path(model).stem, "model": {"source": str(Path(model).resolve())
+            {"name": name or bundle_name(model), "model": {"source": str(Path(model).resolve())
                                                         if not model.startswith("builtin:") else model},
              "target": {"board": target, "precision": precision or "fp32"}},
             "command line",
@@ -68,6 +73,18 @@ def _recipe(
         recipe.name = name
     if version:
         recipe.version = version
+    for text in input_shapes or []:
+        key, shape = input_shape_from_text(text)
+        recipe.input_shapes[key] = shape
+    if preprocess:
+        recipe.preprocess = preprocess_from_text(preprocess)
+    for text in exclude or []:
+        recipe.exclude.extend(p.strip() for p in text.split(",") if p.strip())
+    for text in batch_axes or []:
+        key, sep, axis = text.rpartition(":")
+        if not sep or not key or not (axis == "none" or axis.isdigit()):
+            raise RecipeError(f"--batch-axis '{text}': write NAME:AXIS (an axis number) or NAME:none")
+        recipe.batch_axes[key] = None if axis == "none" else int(axis)
     from cuvil_edge.bundle.names import check_component
 
     check_component("name", recipe.name, RecipeError)
@@ -108,17 +125,30 @@ def package_cmd(
     version: str = typer.Option(None, "--version", help="Bundle version. Defaults to the recipe's or 1.0.0."),
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
     quantizer: str = typer.Option("cuvil", "--quantizer", help=_QUANTIZER_HELP),
+    input_shape: list[str] = typer.Option(None, "--input-shape", help="NAME:1x3x320x320 or NAME:MIN,OPT,MAX: sizes "
+                                          "of dynamic dimensions (TensorRT profile), as [input] shapes (repeat)."),
+    batch_axis: list[str] = typer.Option(None, "--batch-axis", help="NAME:AXIS or NAME:none: an input's batch "
+                                         "axis when not the first, as [input] batch_axes (repeat)."),
+    preprocess: str = typer.Option(None, "--preprocess", help="image:HxW[,letterbox][,rgb|bgr][,nchw|nhwc]"
+                                   "[,scale=1/255][,mean=R/G/B][,std=R/G/B], as [preprocess]."),
+    exclude: list[str] = typer.Option(None, "--exclude", help="Node-name or op-type patterns kept in float "
+                                      "(fnmatch; comma-separated or repeated), as [quantization] exclude."),
+    report: Path = typer.Option(None, "--report", help="Also write the full report (JSON) here; written even "
+                                "when the accuracy goal is missed."),
 ) -> None:
     """Quantize a model for a board, check its accuracy against FP32, and write a signed bundle."""
     from cuvil_edge.packager.package import package
 
     started = time.perf_counter()
     _check_out(out)
-    rec = _recipe(model, recipe, target, precision, calib, eval_data, name, version)
+    if report is not None:
+        _check_out(report, "--report")
+    rec = _recipe(model, recipe, target, precision, calib, eval_data, name, version, input_shape, preprocess,
+                  exclude, batch_axis)
     from cuvil_edge._progress import packaging_progress
 
     with packaging_progress(console) as (say, bar):
-        result = package(rec, out, key, progress=say, bar=bar, quantizer=quantizer)
+        result = package(rec, out, key, progress=say, bar=bar, quantizer=quantizer, report_path=report)
     if as_json:
         print(json.dumps(result.report, indent=2, default=float))
         return
@@ -141,26 +171,32 @@ def quantize_cmd(
     calib: str = typer.Option(None, "--calib", help="Calibration data."),
     recipe: Path = typer.Option(None, "--recipe", help="Recipe for pre-processing and the accuracy goal."),
     quantizer: str = typer.Option("cuvil", "--quantizer", help=_QUANTIZER_HELP),
+    batch_axis: list[str] = typer.Option(None, "--batch-axis", help="NAME:AXIS or NAME:none (repeat)."),
+    preprocess: str = typer.Option(None, "--preprocess", help="image:HxW[,letterbox][,rgb|bgr][,scale=1/255]..."),
+    exclude: list[str] = typer.Option(None, "--exclude", help="Node-name or op-type patterns kept in float."),
 ) -> None:
     """Quantize only: write the model in the target runtime's format, without validation or bundle."""
     from cuvil_edge._atomic import atomic_write_bytes
     from cuvil_edge._progress import packaging_progress
-    from cuvil_edge.packager.data import load_dataset
+    from cuvil_edge.packager.data import assumed_image_preprocess, holds_images, load_dataset, with_batch_axes
     from cuvil_edge.packager.load import load_model, model_inputs
     from cuvil_edge.packager.package import quantize_model, resolve_model
     from cuvil_edge.targets import get_target
 
     _check_out(out)
-    rec = _recipe(model, recipe, target, precision, calib, None, None, None)
+    rec = _recipe(model, recipe, target, precision, calib, None, None, None, None, preprocess, exclude, batch_axis)
     m = load_model(resolve_model(rec.model))
-    inputs = model_inputs(m)
+    inputs = with_batch_axes(model_inputs(m), rec.batch_axes)
+    if rec.preprocess.get("kind") != "image" and holds_images(rec.calibration_data):
+        rec.preprocess = assumed_image_preprocess(inputs) or rec.preprocess
     cal = None
     if rec.calibration_data:
         cal = load_dataset(rec.calibration_data, inputs, rec.preprocess, rec.calibration_samples)
     kind = rec.postprocess.get("kind", "classification")
     with packaging_progress(console) as (say, bar):
         q, info = quantize_model(m, get_target(rec.target), rec.precision, cal, kind, rec.accuracy,
-                                 rec.calibration_method, None, say, bar, rec.bias_correction, quantizer=quantizer)
+                                 rec.calibration_method, None, say, bar, rec.bias_correction, quantizer=quantizer,
+                                 exclude=rec.exclude)
     atomic_write_bytes(out, q.SerializeToString())
     console.print(f"[green]PASSED[/] wrote {out} ({info['runtime_format']} format)")
 
@@ -174,7 +210,7 @@ def validate_cmd(
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
     """Compare a quantized model with its original; exit 1 when the recipe's accuracy goal is missed."""
-    from cuvil_edge.packager.data import load_dataset
+    from cuvil_edge.packager.data import load_dataset, with_batch_axes
     from cuvil_edge.packager.load import load_model, model_inputs
     from cuvil_edge.packager.package import resolve_model
     from cuvil_edge.packager.quantize import target_arithmetic
@@ -185,7 +221,8 @@ def validate_cmd(
     ref = load_model(resolve_model(reference))
     cand = load_model(candidate)
     pre = rec.preprocess if rec else {"kind": "none"}
-    data = load_dataset(eval_data, model_inputs(ref), pre, samples, seed=100)
+    data = load_dataset(eval_data, with_batch_axes(model_inputs(ref), rec.batch_axes if rec else None), pre,
+                        samples, seed=100)
     kind = rec.postprocess.get("kind", "classification") if rec else "classification"
     # The candidate as the target computes it (exact Q/DQ emulation), not through this host's INT8 kernels.
     report = validate_models(make_session(ref), make_session(target_arithmetic(cand)), data, kind,

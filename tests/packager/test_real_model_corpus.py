@@ -78,8 +78,12 @@ def test_public_ocr_model_packages_at_int8_for_orin(kind, tmp_path, keypair, cli
     model = _model_path(kind)
     _write_samples(tmp_path / "calib", kind)
     out = tmp_path / f"{kind}.cvb"
+    # Dynamic dimensions get a TensorRT profile covering the sizes the samples have (package refuses without).
+    shapes = {"cls": "x:1x3x48x192", "det": "x:1x3x128x128,1x3x192x192,1x3x256x256",
+              "rec": "x:1x3x48x160,1x3x48x240,1x3x48x320"}[kind]
     res = cli("package", str(model), "--target", "orin-nano-8gb", "--precision", "int8",
-              "--calib", str(tmp_path / "calib"), "--out", str(out), "--key", str(keypair[0]), "--json")
+              "--calib", str(tmp_path / "calib"), "--out", str(out), "--key", str(keypair[0]), "--json",
+              "--input-shape", shapes)
     assert res.returncode == 0, res.stdout + res.stderr
     with tarfile.open(out) as tar:
         quantized = onnx.load_from_string(tar.extractfile("model.onnx").read())
