@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import gc
 import logging
 import os
@@ -65,6 +66,14 @@ def freeze_heap() -> None:
     gc.freeze()
 
 
+def malloc_trim() -> None:
+    """Give the C heap's free memory back to the system (glibc); a no-op elsewhere."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
 class ServerState:
     """Counters, flags and limits shared by the connections and the server.
 
@@ -97,6 +106,7 @@ class ServerState:
         self.stopped = False
         self.phase = "starting"
         self.access_log = access_log  # --access-log: one line per request answered
+        self.trim_wanted = False  # large answers were dropped: return freed heap to the system
 
     def on_request_done(self, req: Any, status: int) -> None:
         self.inflight -= 1
@@ -126,6 +136,16 @@ class ServerState:
     def release(self, n: int) -> None:
         """Forget ``n`` buffered bytes (the request was answered or its client left)."""
         self.buffered = max(0, self.buffered - n)
+
+    def hold(self, n: int) -> None:
+        """Count ``n`` bytes that exist already (an answer a client has not read yet), even past the
+        limit: requests are then refused until they are read or their client is dropped."""
+        self.buffered += n
+        self.buffered_peak = max(self.buffered_peak, self.buffered)
+
+    def dropped_slow_client(self) -> None:
+        """A client that did not read its answers was dropped: give the memory back at the next tick."""
+        self.trim_wanted = True
 
     def on_refused(self, kind: str) -> None:
         """Count a refusal (``connections``, ``auth``, ``buffered``); log at most one line per 10 s."""
@@ -476,6 +496,11 @@ class Server:
         now = time.monotonic()
         for conn in list(self.state.connections):
             conn.sweep(now)
+        if self.state.trim_wanted:
+            # Answers of a few MiB live in the C heap's arenas, not in their own mappings: freed,
+            # they stay in the process until the heap is trimmed.
+            self.state.trim_wanted = False
+            malloc_trim()
         instances = self.registry.instances() if self.registry else []
         self.resources.tick(instances)
         oldest_s = 0.0
