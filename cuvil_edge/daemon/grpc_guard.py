@@ -200,7 +200,7 @@ class GuardedHandlers:
             return None
         if raw is grpc.aio.EOF:
             return None
-        return raw  # type: ignore[no-any-return]
+        return raw  # type: ignore[no-any-return,unused-ignore]
 
     async def _parse(self, name: str, context: grpc.aio.ServicerContext, raw: bytes,
                      parse: Callable[[bytes], Any]) -> Any:

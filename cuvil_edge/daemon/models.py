@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -33,9 +33,28 @@ from cuvil_edge.runtime import Backend, BackendOptions, TensorSpec, load_backend
 from cuvil_edge.runtime.buffers import BufferPool
 from cuvil_edge.runtime.trt_select import EngineChoice, backend_for_choice, choose_engine
 
-__all__ = ["ModelEntry", "ModelInstance", "ModelRegistry", "ModelUnavailable", "UnknownModel"]
+if TYPE_CHECKING:
+    from cuvil_edge.daemon.config import Config
+
+__all__ = ["ModelEntry", "ModelInstance", "ModelRegistry", "ModelUnavailable", "UnknownModel", "io_bytes_per_item"]
 
 log = logging.getLogger("cuvil_edge.daemon.models")
+
+
+def io_bytes_per_item(manifest: Manifest) -> int:
+    """Bytes one sample's inputs and outputs take (free dimensions counted as 1): what the memory
+    scheduler multiplies by batches queued and in flight."""
+    total = 0
+    for entry in [*manifest.inputs, *manifest.outputs]:
+        try:
+            spec = TensorSpec.from_manifest(entry)
+        except CuvilEdgeError:
+            continue
+        n = 1
+        for d in spec.shape[1:]:
+            n *= max(d, 1)
+        total += n * spec.dtype.itemsize
+    return total
 
 
 def _first_line(exc: BaseException) -> str:
@@ -106,6 +125,8 @@ class ModelInstance:
         self.single_us: float | None = None  # EWMA of a batch-1 execution, microseconds
         self.input_specs: dict[str, TensorSpec] = {}
         self.output_specs: dict[str, TensorSpec] = {}
+        # Bytes of one sample's inputs and outputs, from the manifest once (the memory tick reads it).
+        self.io_bytes_per_item = io_bytes_per_item(manifest)
         # Which runtime serves this version and why (/config and cuvil-edge status report it).
         self.engine = EngineChoice()
 
@@ -400,7 +421,7 @@ class ModelRegistry:
     Args:
         store (BundleStore): where bundles come from.
         options (BackendOptions): backend options.
-        config (Any): the daemon Config (batching, warm-up, public key).
+        config (Config): the daemon's settings (batching, warm-up, public key, engine choice).
         admit (Callable | None): ``admit(name, version, bundle_dir, manifest, estimate_bytes)``
             raising DaemonError when the model does not fit (memory co-scheduler); None to skip.
         release (Callable | None): ``release(name, version)`` when an instance is retired.
@@ -408,7 +429,7 @@ class ModelRegistry:
         pool (BufferPool | None): where batch buffers come from. Defaults to plain allocations.
     """
 
-    def __init__(self, store: BundleStore, options: BackendOptions, config: Any,
+    def __init__(self, store: BundleStore, options: BackendOptions, config: Config,
                  admit: Callable[..., Any] | None = None,
                  release: Callable[[str, str], Any] | None = None,
                  measured: Callable[[str, str, int], Any] | None = None,
@@ -597,9 +618,8 @@ class ModelRegistry:
         cfg = self.config
         try:
             return choose_engine(Path(self.store.layout.engines_dir), bundle_dir, manifest,
-                                 root=str(getattr(cfg, "root", "/") or "/"), dla_core=getattr(cfg, "dla_core", None),
-                                 allow_standin=bool(getattr(cfg, "engine_standin", False)),
-                                 device=str(getattr(cfg, "device", "auto")))
+                                 root=cfg.root or "/", dla_core=cfg.dla_core,
+                                 allow_standin=cfg.engine_standin, device=cfg.device)
         except CuvilEdgeError as exc:
             return EngineChoice(precision=manifest.precision).fall_back(f"engine lookup failed: {exc}")
 
@@ -620,7 +640,7 @@ class ModelRegistry:
         return ModelInstance(name, ver, bundle_dir, manifest, backend, self.config.max_batch,
                              self.config.preferred_batch, self.config.max_queue_delay_us,
                              max(1, self.config.max_depth), float(self.config.inline_us), self.pool,
-                             bool(getattr(self.config, "batch_autotune", True)))
+                             self.config.batch_autotune)
 
     def _retire(self, inst: ModelInstance) -> None:
         task = asyncio.ensure_future(self._retire_when_idle(inst))

@@ -63,7 +63,7 @@ def kernels() -> Any:
         try:
             from cuvil_edge import sve
 
-            info = sve.cpu_info() if hasattr(sve, "cpu_info") else None
+            info: dict[str, Any] | None = sve.cpu_info() if hasattr(sve, "cpu_info") else None
             _SVE = sve if info is not None else None
             if info is not None:
                 # One line per process, so an operator (and the HIL rig) sees the ISA chosen per op.
@@ -153,6 +153,8 @@ class Pipeline:
                  outputs: list[TensorSpec]) -> None:
         self.model_inputs = inputs
         self.model_outputs = outputs
+        pre: Mapping[str, Any] | None
+        post: Mapping[str, Any] | None
         if isinstance(manifest, Manifest):
             pre, post = manifest.preprocess, manifest.postprocess
         else:  # the two sections alone (tests, the HIL suite)

@@ -27,8 +27,9 @@ EXPORTS: dict[str, list[str]] = {
         "TargetError", "TelemetryError", "__version__"
     ],
     "cuvil_edge.bundle.engine_store": [
-        "DeviceIdentity", "EngineError", "EngineRecord", "EngineStore", "RECORD_FORMAT", "device_identity",
-        "host_engine_cache", "key_for_facts", "plan_matches_device", "sha256_bytes", "sha256_file"
+        "DeviceIdentity", "EngineError", "EngineRecord", "EngineStore", "MAX_RECORD_BYTES", "RECORD_FORMAT",
+        "RecordInvalid", "device_identity", "host_engine_cache", "key_for_facts", "plan_matches_device",
+        "sha256_bytes", "sha256_file"
     ],
     "cuvil_edge.daemon.accept": [
         "Acceptor", "BUSY_ANSWER", "FULL_ANSWER", "connection_cap", "listen_tcp", "listen_unix"
@@ -51,7 +52,9 @@ EXPORTS: dict[str, list[str]] = {
     ],
     "cuvil_edge.daemon.main": ["main"],
     "cuvil_edge.daemon.metrics": ["ModelStats", "render_prometheus"],
-    "cuvil_edge.daemon.models": ["ModelEntry", "ModelInstance", "ModelRegistry", "ModelUnavailable", "UnknownModel"],
+    "cuvil_edge.daemon.models": [
+        "ModelEntry", "ModelInstance", "ModelRegistry", "ModelUnavailable", "UnknownModel", "io_bytes_per_item"
+    ],
     "cuvil_edge.daemon.pipeline": [
         "DETECTIONS", "IMAGE_INPUT", "NUM_DETECTIONS", "Pipeline", "TOPK_CLASSES", "TOPK_SCORES", "kernels",
         "top_k"
@@ -62,6 +65,7 @@ EXPORTS: dict[str, list[str]] = {
         "PrefetchDecision", "PressureLevel", "PressureThresholds", "Reservation", "placement_policy"
     ],
     "cuvil_edge.daemon.server": ["STARTUP_FAILURE", "Server", "ServerState"],
+    "cuvil_edge.daemon.state": ["ServerState"],
     "cuvil_edge.daemon.shm": [
         "CUDA_SHM_UNSUPPORTED", "OutputTarget", "SharedMemoryError", "SharedMemoryRegistry", "ShmRegion",
         "shm_params", "shm_route"
