@@ -319,10 +319,14 @@ class ModelInstance:
         pipe = self.pipeline
         assert pipe is not None
         ready: list[tuple[Pending, dict[str, np.ndarray]]] = []
+        geometry: dict[int, np.ndarray] = {}  # request image -> model input placement, by id(p)
         for p in batch:
             if p.cancelled:
                 continue
             try:
+                geo = pipe.geometry(p.inputs)
+                if geo is not None:
+                    geometry[id(p)] = geo
                 ready.append((p, pipe.prepare(p.inputs)))
             except CuvilEdgeError as exc:
                 p.error = (400, str(exc))
@@ -375,6 +379,8 @@ class ModelInstance:
             n = p.n
             p.result = {k: v[offset:offset + n] for k, v in out.items()} if len(ready) > 1 else out
             offset += n
+            if id(p) in geometry:  # boxes in the client's image, not the letterboxed model input
+                p.result = pipe.to_image_space(p.result, geometry[id(p)])
             if p.encode is not None:
                 # An encoder returns the answer, or sets p.error for a client's mistake it finds
                 # (a shared-memory region too small for an output) and returns None.

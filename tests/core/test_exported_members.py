@@ -56,7 +56,8 @@ EXPORTS: dict[str, list[str]] = {
         "ModelEntry", "ModelInstance", "ModelRegistry", "ModelUnavailable", "UnknownModel", "io_bytes_per_item"
     ],
     "cuvil_edge.daemon.pipeline": [
-        "DETECTIONS", "IMAGE_INPUT", "NUM_DETECTIONS", "Pipeline", "TOPK_CLASSES", "TOPK_SCORES", "kernels",
+        "DETECTIONS", "DETECTIONS_MODEL", "IMAGE_INPUT", "NUM_DETECTIONS", "Pipeline", "TOPK_CLASSES", "TOPK_SCORES",
+        "kernels",
         "top_k"
     ],
     "cuvil_edge.daemon.resources": ["Resources"],
