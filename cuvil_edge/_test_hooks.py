@@ -9,7 +9,8 @@ shipped unit and the install path never enable any of them.
 =================================== =====================================================
 ``CUVIL_EDGE_TEST_PAUSE_DIR=DIR``   the device-side deploy step waits at step ``S`` while
                                     ``DIR/S.pause`` exists, after creating ``DIR/S.reached``
-                                    (steps: before-switch, after-switch, gate, outcome)
+                                    (steps: extract, before-switch, after-switch, gate,
+                                    outcome, prune; docs/deploy.md)
 ``CUVIL_EDGED_DEBUG_FAULT_HOOKS=1`` SIGUSR2 stalls the daemon's event loop for good (the
                                     HIL rig's watchdog test)
 =================================== =====================================================

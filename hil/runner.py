@@ -181,7 +181,7 @@ def _run_checks(ctx: SuiteContext, suite: str, say: Callable[[str], None]) -> li
             entry["seconds"] = round(time.monotonic() - t0, 2)
         colour = {"passed": "green", "failed": "red", "skipped": "yellow"}[entry["outcome"]]
         extra = entry.get("error") or entry.get("reason") or ""
-        say(f"  [{colour}]{entry['outcome']:7}[/] {check.name:30} {entry['seconds']:7.1f} s  {escape(extra[:300])}")
+        say(f"  [{colour}]{entry['outcome']:7}[/] {escape(check.name):30} {entry['seconds']:7.1f} s  {escape(extra[:300])}")
         results.append(entry)
     return results
 

@@ -58,6 +58,7 @@ __all__ = [
     "expired_pending",
     "expired_reason",
     "now_iso",
+    "parse_state",
     "quarantine_version",
     "read_state",
     "recover_store",
@@ -219,13 +220,22 @@ def _load_state_file(path: str, name: str) -> tuple[dict[str, Any] | None, os.st
         if st.st_size > MAX_STATE_BYTES:
             raise StateFileError(f"{st.st_size} bytes, more than the {MAX_STATE_BYTES} a state file may hold")
         raw = f.read(MAX_STATE_BYTES + 1)
+    return parse_state(raw, name), st
+
+
+def parse_state(raw: bytes, name: str) -> dict[str, Any]:
+    """The validated state of ``name`` in ``raw`` (a state file's bytes).
+
+    Raises:
+        StateFileError: too big, not JSON, too deep, or fields of the wrong type; nothing else.
+    """
     if len(raw) > MAX_STATE_BYTES:
         raise StateFileError(f"more than the {MAX_STATE_BYTES} bytes a state file may hold")
     try:
         data = json.loads(raw)
     except (ValueError, RecursionError) as exc:
         raise StateFileError(f"not JSON ({str(exc)[:80]})") from None
-    return validate_state(data, name), st
+    return validate_state(data, name)
 
 
 def read_state(store: str | os.PathLike[str], name: str) -> dict[str, Any]:

@@ -463,8 +463,12 @@ async def _reconnect_and_wait(address: DeviceAddress, name: str, txn: str, optio
             break
         try:
             async with open_transport(address, max(1.0, min(options.connect_timeout, left))) as tr:
+                first_round = True
                 while True:
-                    await _revert_if_overdue(tr, deadline_at)
+                    # Once per reconnection whatever the clock says: the device may have rebooted
+                    # (a power cut), which makes its pending switch due at once (boot id rule).
+                    await _revert_if_overdue(tr, 0.0 if first_round else deadline_at)
+                    first_round = False
                     answer = await _ondevice_acked(tr, ["wait", "--store", address.store_root, "--name", name,
                                                         "--txn", txn, "--timeout", f"{max(1.0, min(20.0, left)):g}"],
                                                    80)
