@@ -74,6 +74,7 @@ LAYERS: tuple[Layer, ...] = (
     Layer("platform", ("targets", "sve", "trt_plugins"),
           "board profiles, the C kernels and TensorRT plugins"),
     Layer("foundation", ("errors", "_atomic", "_toml", "_progress", "_console", "_cache", "_layers", "_device_options",
+                         "_optional",
                          "_test_hooks",
                          "_prometheus",
                          PACKAGE),

@@ -27,7 +27,8 @@ traceback::
     │   ├── MemoryBudgetError        daemon/scheduler/memory.py: over the memory budget
     │   ├── SharedMemoryError        daemon/shm.py: a shared-memory request the client must fix
     │   ├── JsonRefused              daemon/limits.py: a JSON body refused (too big, deep, malformed); also a ValueError
-    │   └── RpcFailure               daemon/grpc_server.py: an RPC answered with a gRPC error status
+    │   ├── RpcFailure               daemon/grpc_server.py: an RPC answered with a gRPC error status
+    │   └── CudaInitError            runtime/cuda_standin.py: the CUDA-init stand-in could not open a GPU node
     ├── DeployError          transport, device check, health gate, rollback
     │   ├── Unreachable              deploy/transport.py: network, auth or host key
     │   ├── CorruptUpload            deploy/upload.py: the upload's sha256 did not match
@@ -35,6 +36,8 @@ traceback::
     │   │   └── DeviceActivating     deploy/layout.py: the device's own deploy step holds the lock
     │   ├── LockBusy                 deploy/activate.py: the device side finds the lock held
     │   ├── IncompatibleDevice       deploy/probe.py: bundle built for another board or release
+    │   │   └── PackageOnlyDevice    deploy/probe.py: JetPack 4/5 (Python < 3.10): packaging only
+    │   ├── SudoNeedsPassword        deploy/install.py: the login user's sudo asks for a password
     │   └── DaemonHTTPFailure        deploy/health.py: the daemon did not answer or refused
     ├── TensorRTMissing      runtime/trt/tensorrt_import.py: TensorRT or pycuda not importable here
     ├── _NoCuda              runtime/buffers.py: pycuda or a CUDA device missing (private: pageable fallback)

@@ -39,11 +39,10 @@ class ClientMissing(CuvilEdgeError):
 
 
 def _import_httpclient() -> Any:
-    try:
-        import tritonclient.http as httpclient
-    except ImportError as exc:
-        raise ClientMissing(f"the load generator needs tritonclient ({exc}); install it with: {CLIENT_EXTRA}") from exc
-    return httpclient
+    from cuvil_edge._optional import optional_import
+
+    return optional_import("tritonclient.http", needed_for="the load generator",
+                           install=f"install it with: {CLIENT_EXTRA}", error=ClientMissing)
 
 
 def _prepare_store(source: Path, tmp: Path) -> Path:

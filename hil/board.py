@@ -266,7 +266,8 @@ def _qemu_argv(image: BoardImage, target: HilTarget, mem_mb: int, smp: int, over
     machine = "virt" + (f",dumpdtb={dumpdtb}" if dumpdtb else "")
     argv = [QEMU, "-M", machine, "-accel", "tcg,thread=multi", "-cpu", target.cpu, "-smp", str(smp),
             "-m", str(mem_mb), "-kernel", str(image.kernel), "-initrd", str(image.initrd),
-            "-append", "root=/dev/vda rw console=ttyAMA0 net.ifnames=0 systemd.show_status=error " + BOOT_MASKS,
+            "-append", " ".join(["root=/dev/vda rw console=ttyAMA0 net.ifnames=0 systemd.show_status=error",
+                                 BOOT_MASKS, *_personality_kernel_args(target)]),
             "-drive", f"file={overlay},if=virtio,format=qcow2,cache={cache}",
             "-netdev", f"user,id=n0{fwd}", "-device", "virtio-net-pci,netdev=n0,romfile=",
             "-device", "virtio-rng-pci",
@@ -274,6 +275,13 @@ def _qemu_argv(image: BoardImage, target: HilTarget, mem_mb: int, smp: int, over
     if dtb is not None:
         argv += ["-dtb", str(dtb)]
     return argv
+
+
+def _personality_kernel_args(target: HilTarget) -> tuple[str, ...]:
+    """The board personality's kernel arguments (``psi=0`` on L4T 36), none without a personality."""
+    from hil.personality import kernel_args
+
+    return kernel_args(target.board)
 
 
 @contextlib.contextmanager

@@ -40,6 +40,7 @@ from google.protobuf import json_format
 from cuvil_edge import __version__
 from cuvil_edge.daemon.accept import connection_cap
 from cuvil_edge.daemon.batcher import Pending
+from cuvil_edge.daemon.config import Config
 from cuvil_edge.daemon.grpc_guard import WINDOW, GuardedHandlers
 from cuvil_edge.daemon.infer import (
     BadRequest,
@@ -52,7 +53,7 @@ from cuvil_edge.daemon.infer import (
     complete_inputs,
     serialize_bytes,
 )
-from cuvil_edge.daemon.kserve import EXTENSIONS, model_config_doc, model_metadata_doc
+from cuvil_edge.daemon.kserve import EXTENSIONS, App, model_config_doc, model_metadata_doc
 from cuvil_edge.daemon.limits import MAX_ERROR, printable
 from cuvil_edge.daemon.models import ModelInstance, UnknownModel
 from cuvil_edge.daemon.proto import grpc_service_pb2 as pb
@@ -117,7 +118,7 @@ def _refusal(exc: Refusal) -> RpcFailure:
     return RpcFailure(code, str(exc), trailing)
 
 
-def grpc_address(config: Any) -> str | None:
+def grpc_address(config: Config) -> str | None:
     """Where gRPC listens for this config, as a gRPC address, or None when it is off.
 
     ``--grpc-uds PATH`` wins; else ``--grpc-port`` on ``--host``. Unset, the port is Triton's
@@ -125,7 +126,7 @@ def grpc_address(config: Any) -> str | None:
     to listen on ``--uds`` only listens on a Unix socket beside it (``NAME-grpc.sock``), so that
     no TCP port opens that the operator did not ask for.
     """
-    if not getattr(config, "grpc", True):
+    if not config.grpc:
         return None
     if config.grpc_uds is not None:
         return f"unix:{Path(config.grpc_uds)}"
@@ -281,19 +282,18 @@ class GrpcFrontend:
     """The gRPC front end of one daemon.
 
     Args:
-        app (Any): the HTTP application (:class:`~cuvil_edge.daemon.kserve.App`): its registry,
-            server state, pressure check and token are shared.
-        config (Any): the daemon's Config.
+        app (App): the HTTP application: its registry, server state and inference core are shared.
+        config (Config): the daemon's settings.
         shm (SharedMemoryRegistry | None): the shared-memory regions (shared with HTTP).
     """
 
-    def __init__(self, app: Any, config: Any, shm: SharedMemoryRegistry | None) -> None:
+    def __init__(self, app: App, config: Config, shm: SharedMemoryRegistry | None) -> None:
         self.app = app
         self.registry = app.registry
         self.state = app.state
         self.config = config
         self.shm = shm
-        token = getattr(config, "token", None)
+        token = config.token
         self.token = token.encode() if token else None
         self.server: grpc.aio.Server | None = None
         self.bound: str | None = None
@@ -308,7 +308,7 @@ class GrpcFrontend:
     @property
     def max_message_bytes(self) -> int:
         """Largest request message accepted (``--grpc-max-message-mb``, else ``--max-body-mb``)."""
-        mb = getattr(self.config, "grpc_max_message_mb", None) or self.config.max_body_mb
+        mb = self.config.grpc_max_message_mb or self.config.max_body_mb
         return int(mb * 1024 * 1024)
 
     def server_options(self) -> list[tuple[str, Any]]:
@@ -319,7 +319,7 @@ class GrpcFrontend:
             ("grpc.max_send_message_length", max(self.max_message_bytes, 64 << 20)),
             ("grpc.max_concurrent_streams", int(cfg.grpc_max_streams)),
             # As HTTP's header limit (--max-header-kb where the daemon has it, else 64 KiB).
-            ("grpc.max_metadata_size", int(getattr(cfg, "max_header_kb", 64)) * 1024),
+            ("grpc.max_metadata_size", int(cfg.max_header_kb) * 1024),
             ("grpc.max_connection_idle_ms", int(cfg.keep_alive * 1000)),
             # A connection that has not answered a ping within --request-timeout is closed with
             # everything its calls hold (a client that stopped reading its socket altogether).
@@ -587,7 +587,8 @@ class GrpcFrontend:
             self.core.refused(inst, received)
             raise
         wanted = [o[0] for o in outputs] if outputs is not None else None
-        out_list = outputs if outputs is not None else [(s, 0, None) for s in inst.output_specs]
+        out_list: list[tuple[str, int, OutputTarget | None]] = (
+            outputs if outputs is not None else [(s, 0, None) for s in inst.output_specs])
         return self.core.enqueue(inst, arrays, n, wanted, deliver, self._encoder(inst, out_list, req.id),
                                 (inst, received))
 

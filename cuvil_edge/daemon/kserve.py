@@ -48,9 +48,19 @@ from cuvil_edge.daemon.infer import (
     complete_inputs,
     serialize_bytes,
 )
-from cuvil_edge.daemon.limits import JsonRefused, Limits, bearer_ok, finite_json_list, loads_limited
+from cuvil_edge.daemon.limits import (
+    ANSWER_WINDOW,
+    ANSWERS_FULL,
+    JsonRefused,
+    Limits,
+    answer_bytes,
+    bearer_ok,
+    finite_json_list,
+    loads_limited,
+)
 from cuvil_edge.daemon.models import ModelInstance, ModelRegistry, UnknownModel
 from cuvil_edge.daemon.shm import OutputTarget, SharedMemoryError, SharedMemoryRegistry, shm_params, shm_route
+from cuvil_edge.daemon.state import ServerState
 from cuvil_edge.errors import BundleError, CuvilEdgeError
 from cuvil_edge.runtime.base import datatype_of
 
@@ -87,7 +97,7 @@ def _json_bound(inst: ModelInstance) -> int | None:
     return total * _JSON_BYTES_PER_VALUE + (64 << 10)
 
 
-def decode_infer(req_body: bytes, header_len: bytes | None, inst: ModelInstance,
+def decode_infer(req_body: bytes | bytearray, header_len: bytes | None, inst: ModelInstance,
                  shm: SharedMemoryRegistry | None = None, limits: Limits | None = None,
                  ) -> tuple[dict[str, Any], dict[str, np.ndarray], int,
                             list[tuple[str, bool, int, OutputTarget | None]] | None, bool]:
@@ -106,7 +116,7 @@ def decode_infer(req_body: bytes, header_len: bytes | None, inst: ModelInstance,
         raise BadRequest(str(exc), exc.status) from None
 
 
-def _decode_infer(req_body: bytes, header_len: bytes | None, inst: ModelInstance,
+def _decode_infer(req_body: bytes | bytearray, header_len: bytes | None, inst: ModelInstance,
                   shm: SharedMemoryRegistry | None, limits: Limits,
                   ) -> tuple[dict[str, Any], dict[str, np.ndarray], int,
                              list[tuple[str, bool, int, OutputTarget | None]] | None, bool]:
@@ -177,7 +187,7 @@ def _decode_infer(req_body: bytes, header_len: bytes | None, inst: ModelInstance
             if offset + bsize > nbin:
                 raise BadRequest(f"truncated binary data: input '{name}' needs {bsize} bytes at offset "
                                  f"{offset} but only {nbin - offset} remain")
-            arr = np.frombuffer(binary, dtype, count, offset).reshape(shape)  # type: ignore[arg-type]
+            arr = np.frombuffer(binary, dtype, count, offset).reshape(shape)
             if (offset + len(header_bytes)) % dtype.itemsize:
                 arr = arr.copy()  # unaligned in the body: give the runtime an aligned array
             offset += bsize
@@ -193,7 +203,7 @@ def _decode_infer(req_body: bytes, header_len: bytes | None, inst: ModelInstance
                 raise BadRequest(f"input '{name}': {arr.size} elements given for shape {shape} "
                                  f"({count} expected)")
             arr = arr.reshape(shape)
-        arrays[name] = arr
+        arrays[spec.name] = arr
     if binary is not None and offset != nbin:
         raise BadRequest(f"the binary part of the body has {nbin - offset} bytes that no input claims "
                          "(check binary_data_size)")
@@ -313,7 +323,7 @@ class App:
 
     Args:
         registry (ModelRegistry): the served models.
-        state (Any): the daemon's ServerState (ready, shutting_down, counters).
+        state (ServerState): the daemon's shared state (ready, shutting_down, counters).
         token (str | None): bearer token required everywhere but ``/v2/health/*``.
         metrics (Callable[[], bytes]): renders ``/metrics``.
         pressure (Callable[[], tuple[bool, float]] | None): ``(reject, retry_after_s)`` from the
@@ -322,7 +332,7 @@ class App:
         limits (Limits | None): JSON size and depth limits. Defaults to :class:`Limits` ().
     """
 
-    def __init__(self, registry: ModelRegistry, state: Any, token: str | None,
+    def __init__(self, registry: ModelRegistry, state: ServerState, token: str | None,
                  metrics: Callable[[], bytes], pressure: Callable[[], tuple[bool, float]] | None = None,
                  max_body: int = 64 << 20, shm: SharedMemoryRegistry | None = None,
                  limits: Limits | None = None) -> None:
@@ -355,7 +365,8 @@ class App:
         method = req.method
         if n >= 4 and parts[1] == "v2" and parts[2] == "models":
             if n == 4 and parts[3] == "stats":
-                self._get_only(req) and self._stats(req, None, None)
+                if self._get_only(req):
+                    self._stats(req, None, None)
                 return
             name = unquote(parts[3])
             rest = parts[4:]
@@ -373,26 +384,33 @@ class App:
                 else:
                     self._infer(req, name, version)
             elif action == "":
-                self._get_only(req) and self._model_metadata(req, name, version)
+                if self._get_only(req):
+                    self._model_metadata(req, name, version)
             elif action == "ready":
-                self._get_only(req) and self._model_ready(req, name, version)
+                if self._get_only(req):
+                    self._model_ready(req, name, version)
             elif action == "config":
-                self._get_only(req) and self._model_config(req, name, version)
+                if self._get_only(req):
+                    self._model_config(req, name, version)
             elif action == "stats":
-                self._get_only(req) and self._stats(req, name, version)
+                if self._get_only(req):
+                    self._stats(req, name, version)
             else:
                 req.error(404, f"no such endpoint: {path}")
             return
         if path == "/v2/health/live":
-            self._get_only(req) and req.respond(200 if not self.state.stopped else 503, b"")
+            if self._get_only(req):
+                req.respond(200 if not self.state.stopped else 503, b"")
         elif path == "/v2/health/ready":
             if self._get_only(req):
                 ok = self.state.ready and not self.state.shutting_down
                 req.respond(200 if ok else 503, b"" if ok else json_error("server is not ready"))
         elif path in ("/v2", "/v2/"):
-            self._get_only(req) and req.respond(200, self._server_meta)
+            if self._get_only(req):
+                req.respond(200, self._server_meta)
         elif path == "/metrics":
-            self._get_only(req) and req.respond(200, self.metrics(), _TEXT)
+            if self._get_only(req):
+                req.respond(200, self.metrics(), _TEXT)
         elif n >= 4 and parts[1] == "v2" and parts[2] in ("systemsharedmemory", "cudasharedmemory"):
             shm_route(self.shm, req, parts)
         elif n >= 4 and parts[1] == "v2" and parts[2] == "repository":
@@ -580,13 +598,23 @@ class App:
 
     def _submit(self, req: Request, inst: ModelInstance, decoded: Any) -> None:
         doc, arrays, n, outputs, binary_out = decoded
+        # The answer is counted in --max-buffered-mb before it is computed (released once sent),
+        # so answers that clients do not read cannot pile up past it (docs/hardening.md).
+        expected = answer_bytes(inst.output_specs, n)
+        if expected > ANSWER_WINDOW:
+            if not self.state.reserve(expected):
+                self.state.refused["buffered"] = self.state.refused.get("buffered", 0) + 1
+                self.core.refused(inst, req.received)
+                req.error(503, ANSWERS_FULL, [(b"retry-after", b"1")])
+                return
+            req.reserved += expected
         rid = doc.get("id")
         wanted = [o[0] for o in outputs] if outputs is not None else None
         out_list = outputs if outputs is not None else [(s, binary_out, 0, None) for s in inst.output_specs]
         req.state = self.core.enqueue(inst, arrays, n, wanted, self._deliver, self._encoder(inst, out_list, rid),
                                      (req, inst))
 
-    def _decompress(self, body: bytes, enc: bytes) -> bytes:
+    def _decompress(self, body: bytes | bytearray, enc: bytes) -> bytes:
         wbits = 31 if enc == b"gzip" else 15
         d = zlib.decompressobj(wbits)
         try:

@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -33,9 +33,28 @@ from cuvil_edge.runtime import Backend, BackendOptions, TensorSpec, load_backend
 from cuvil_edge.runtime.buffers import BufferPool
 from cuvil_edge.runtime.trt_select import EngineChoice, backend_for_choice, choose_engine
 
-__all__ = ["ModelEntry", "ModelInstance", "ModelRegistry", "ModelUnavailable", "UnknownModel"]
+if TYPE_CHECKING:
+    from cuvil_edge.daemon.config import Config
+
+__all__ = ["ModelEntry", "ModelInstance", "ModelRegistry", "ModelUnavailable", "UnknownModel", "io_bytes_per_item"]
 
 log = logging.getLogger("cuvil_edge.daemon.models")
+
+
+def io_bytes_per_item(manifest: Manifest) -> int:
+    """Bytes one sample's inputs and outputs take (free dimensions counted as 1): what the memory
+    scheduler multiplies by batches queued and in flight."""
+    total = 0
+    for entry in [*manifest.inputs, *manifest.outputs]:
+        try:
+            spec = TensorSpec.from_manifest(entry)
+        except CuvilEdgeError:
+            continue
+        n = 1
+        for d in spec.shape[1:]:
+            n *= max(d, 1)
+        total += n * spec.dtype.itemsize
+    return total
 
 
 def _first_line(exc: BaseException) -> str:
@@ -106,6 +125,8 @@ class ModelInstance:
         self.single_us: float | None = None  # EWMA of a batch-1 execution, microseconds
         self.input_specs: dict[str, TensorSpec] = {}
         self.output_specs: dict[str, TensorSpec] = {}
+        # Bytes of one sample's inputs and outputs, from the manifest once (the memory tick reads it).
+        self.io_bytes_per_item = io_bytes_per_item(manifest)
         # Which runtime serves this version and why (/config and cuvil-edge status report it).
         self.engine = EngineChoice()
 
@@ -298,10 +319,14 @@ class ModelInstance:
         pipe = self.pipeline
         assert pipe is not None
         ready: list[tuple[Pending, dict[str, np.ndarray]]] = []
+        geometry: dict[int, np.ndarray] = {}  # request image -> model input placement, by id(p)
         for p in batch:
             if p.cancelled:
                 continue
             try:
+                geo = pipe.geometry(p.inputs)
+                if geo is not None:
+                    geometry[id(p)] = geo
                 ready.append((p, pipe.prepare(p.inputs)))
             except CuvilEdgeError as exc:
                 p.error = (400, str(exc))
@@ -354,6 +379,8 @@ class ModelInstance:
             n = p.n
             p.result = {k: v[offset:offset + n] for k, v in out.items()} if len(ready) > 1 else out
             offset += n
+            if id(p) in geometry:  # boxes in the client's image, not the letterboxed model input
+                p.result = pipe.to_image_space(p.result, geometry[id(p)])
             if p.encode is not None:
                 # An encoder returns the answer, or sets p.error for a client's mistake it finds
                 # (a shared-memory region too small for an output) and returns None.
@@ -400,7 +427,7 @@ class ModelRegistry:
     Args:
         store (BundleStore): where bundles come from.
         options (BackendOptions): backend options.
-        config (Any): the daemon Config (batching, warm-up, public key).
+        config (Config): the daemon's settings (batching, warm-up, public key, engine choice).
         admit (Callable | None): ``admit(name, version, bundle_dir, manifest, estimate_bytes)``
             raising DaemonError when the model does not fit (memory co-scheduler); None to skip.
         release (Callable | None): ``release(name, version)`` when an instance is retired.
@@ -408,7 +435,7 @@ class ModelRegistry:
         pool (BufferPool | None): where batch buffers come from. Defaults to plain allocations.
     """
 
-    def __init__(self, store: BundleStore, options: BackendOptions, config: Any,
+    def __init__(self, store: BundleStore, options: BackendOptions, config: Config,
                  admit: Callable[..., Any] | None = None,
                  release: Callable[[str, str], Any] | None = None,
                  measured: Callable[[str, str, int], Any] | None = None,
@@ -554,10 +581,20 @@ class ModelRegistry:
                               f"but it is stored under {name!r}; reinstall the bundle")
         ver = manifest.version
         choice = self._choose_engine(bundle_dir, manifest)
-        backend = self._backend(choice, bundle_dir, manifest)
+        try:
+            backend = self._backend(choice, bundle_dir, manifest)
+            estimate = backend.footprint().total
+        except CuvilEdgeError as exc:
+            if choice.backend == "onnxruntime":
+                raise
+            # A plan whose record matches but whose bytes are no engine (rewritten together).
+            log.warning("%s %s: engine %s cannot be opened (%s); serving with ONNX Runtime", name, ver,
+                        choice.engine_key, exc)
+            choice = choice.fall_back(f"engine failed to load: {exc}", refused=True)
+            backend = self._backend(choice, bundle_dir, manifest)
+            estimate = backend.footprint().total
         inst = self._instance(name, ver, bundle_dir, manifest, backend)
         inst.engine = choice
-        estimate = backend.footprint().total
         if self.admit is not None:
             self.admit(name, ver, bundle_dir, manifest, estimate)
         try:
@@ -587,9 +624,8 @@ class ModelRegistry:
         cfg = self.config
         try:
             return choose_engine(Path(self.store.layout.engines_dir), bundle_dir, manifest,
-                                 root=str(getattr(cfg, "root", "/") or "/"), dla_core=getattr(cfg, "dla_core", None),
-                                 allow_standin=bool(getattr(cfg, "engine_standin", False)),
-                                 device=str(getattr(cfg, "device", "auto")))
+                                 root=cfg.root or "/", dla_core=cfg.dla_core,
+                                 allow_standin=cfg.engine_standin, device=cfg.device)
         except CuvilEdgeError as exc:
             return EngineChoice(precision=manifest.precision).fall_back(f"engine lookup failed: {exc}")
 
@@ -610,7 +646,7 @@ class ModelRegistry:
         return ModelInstance(name, ver, bundle_dir, manifest, backend, self.config.max_batch,
                              self.config.preferred_batch, self.config.max_queue_delay_us,
                              max(1, self.config.max_depth), float(self.config.inline_us), self.pool,
-                             bool(getattr(self.config, "batch_autotune", True)))
+                             self.config.batch_autotune)
 
     def _retire(self, inst: ModelInstance) -> None:
         task = asyncio.ensure_future(self._retire_when_idle(inst))

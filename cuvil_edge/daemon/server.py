@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import gc
 import logging
 import os
@@ -29,7 +30,7 @@ import stat
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cuvil_edge._test_hooks import FAULT_HOOKS_ENV, fault_hooks_enabled, stall_forever
 from cuvil_edge.bundle.activation import can_write_state, expired_pending, revert_expired
@@ -39,14 +40,17 @@ from cuvil_edge.daemon.gpu_metrics import GpuMetrics, power_limit_w
 from cuvil_edge.daemon.http import HttpProtocol
 from cuvil_edge.daemon.infer import MemoryRefused
 from cuvil_edge.daemon.kserve import App
-from cuvil_edge.daemon.limits import Limits, printable
 from cuvil_edge.daemon.metrics import render_prometheus
 from cuvil_edge.daemon.models import ModelRegistry
 from cuvil_edge.daemon.resources import Resources
 from cuvil_edge.daemon.shm import SharedMemoryRegistry
+from cuvil_edge.daemon.state import ServerState
 from cuvil_edge.daemon.store import BundleStore
 from cuvil_edge.errors import CuvilEdgeError, DaemonError
 from cuvil_edge.runtime import BackendOptions
+
+if TYPE_CHECKING:
+    from cuvil_edge.daemon.grpc_server import GrpcFrontend
 
 __all__ = ["STARTUP_FAILURE", "Server", "ServerState"]
 
@@ -65,82 +69,12 @@ def freeze_heap() -> None:
     gc.freeze()
 
 
-class ServerState:
-    """Counters, flags and limits shared by the connections and the server.
-
-    Args:
-        limits (Limits): what one client may cost (:meth:`Config.limits`).
-        token (str | None): the bearer token every endpoint but ``/v2/health/*`` requires.
-    """
-
-    def __init__(self, limits: Limits | int, token: str | None = None, access_log: bool = False) -> None:
-        if isinstance(limits, int):  # the former signature: ServerState(max_body)
-            limits = Limits(max_body=limits, max_buffered=max(limits, Limits.max_buffered))
-        self.limits = limits
-        self.max_body = limits.max_body
-        self.token = token.encode() if token else None
-        self.max_connections = limits.max_connections  # lowered to fit the open-file limit at bind
-        self.buffered = 0  # request bytes held by every connection now
-        self.buffered_peak = 0
-        self.refused: dict[str, int] = {"connections": 0, "auth": 0, "buffered": 0}
-        self._refusal_logged = -1e9
-        self._refusals_unlogged = 0
-        self.connections: set[HttpProtocol] = set()
-        self.inflight = 0
-        self.total_requests = 0
-        self.protocol_errors = 0
-        self.failed_unknown = 0
-        self.rejected = 0
-        self.client_gone = 0
-        self.ready = False
-        self.shutting_down = False
-        self.stopped = False
-        self.phase = "starting"
-        self.access_log = access_log  # --access-log: one line per request answered
-
-    def on_request_done(self, req: Any, status: int) -> None:
-        self.inflight -= 1
-        self.total_requests += 1
-        if self.access_log:
-            access(f"HTTP {req.method.decode('latin-1')} {printable(req.path)} {status} "
-                   f"{(time.perf_counter() - req.received) * 1000:.1f} ms")
-
-    def on_client_gone(self, req: Any) -> None:
-        self.inflight -= 1
-        self.client_gone += 1
-        pending = getattr(req, "state", None)
-        if pending is not None and hasattr(pending, "cancelled"):
-            pending.cancelled = True  # the batcher skips it if it has not run yet
-
-    def on_protocol_error(self, status: int) -> None:
-        self.protocol_errors += 1
-
-    def reserve(self, n: int) -> bool:
-        """Count ``n`` more buffered request bytes, unless that passes ``limits.max_buffered``."""
-        if self.buffered + n > self.limits.max_buffered:
-            return False
-        self.buffered += n
-        self.buffered_peak = max(self.buffered_peak, self.buffered)
-        return True
-
-    def release(self, n: int) -> None:
-        """Forget ``n`` buffered bytes (the request was answered or its client left)."""
-        self.buffered = max(0, self.buffered - n)
-
-    def on_refused(self, kind: str) -> None:
-        """Count a refusal (``connections``, ``auth``, ``buffered``); log at most one line per 10 s."""
-        self.refused[kind] = self.refused.get(kind, 0) + 1
-        if kind == "auth":
-            return  # a client error, counted in /metrics; not worth a log line each
-        now = time.monotonic()
-        if now - self._refusal_logged >= 10.0:
-            log.warning("refusing clients with 503: %s (%d open connections, limit %d; %d bytes buffered, "
-                        "limit %d); %d more refusal(s) since the last report", kind, len(self.connections),
-                        self.max_connections, self.buffered, self.limits.max_buffered, self._refusals_unlogged)
-            self._refusal_logged = now
-            self._refusals_unlogged = 0
-        else:
-            self._refusals_unlogged += 1
+def malloc_trim() -> None:
+    """Give the C heap's free memory back to the system (glibc); a no-op elsewhere."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
 
 
 class Server:
@@ -158,7 +92,7 @@ class Server:
         self.registry: ModelRegistry | None = None
         self.app: App | None = None
         self.shm = SharedMemoryRegistry(max_input_bytes=config.max_body_bytes) if config.shared_memory else None
-        self.grpc: Any = None  # GrpcFrontend when gRPC is on
+        self.grpc: GrpcFrontend | None = None  # when gRPC is on
         self.gpu_metrics: GpuMetrics | None = None  # Triton's nv_gpu_* series, with telemetry
         self._servers: list[Acceptor] = []
         self._stop: asyncio.Event | None = None  # created on the loop
@@ -349,6 +283,7 @@ class Server:
             from cuvil_edge.daemon.grpc_server import GrpcFrontend
         except ImportError as exc:
             raise DaemonError(f"gRPC needs the grpcio package ({exc}); install it or run with --grpc 0") from exc
+        assert self.app is not None  # startup made it before listening
         self.grpc = GrpcFrontend(self.app, self.config, self.shm)
         self.bound.append(await self.grpc.start())
 
@@ -476,6 +411,11 @@ class Server:
         now = time.monotonic()
         for conn in list(self.state.connections):
             conn.sweep(now)
+        if self.state.trim_wanted:
+            # Answers of a few MiB live in the C heap's arenas, not in their own mappings: freed,
+            # they stay in the process until the heap is trimmed.
+            self.state.trim_wanted = False
+            malloc_trim()
         instances = self.registry.instances() if self.registry else []
         self.resources.tick(instances)
         oldest_s = 0.0
@@ -554,7 +494,7 @@ class Server:
         gauges["cuvil_model_memory_bytes"] = (
             "Measured memory footprint of the model",
             [({"model": i.name, "version": i.version}, i.footprint_bytes) for i in instances])
-        counters = {
+        counters: dict[str, tuple[str, list[tuple[dict[str, str], float]]]] = {
             "cuvil_http_requests_total": ("HTTP requests answered", [({}, s.total_requests)]),
             "cuvil_http_protocol_errors_total": ("Malformed or oversized HTTP requests", [({}, s.protocol_errors)]),
             "cuvil_http_client_gone_total": ("Requests whose client disconnected first", [({}, s.client_gone)]),

@@ -252,7 +252,7 @@ class SharedMemoryRegistry:
             raise SharedMemoryError(f"{where}: shared_memory_byte_size {size} does not match shape {shape} "
                                     f"({expected} bytes)")
         arr = np.empty(shape, dtype)
-        _read_exact(region, region.offset + offset, memoryview(arr.reshape(-1)).cast("B"), where)
+        _read_exact(region, region.offset + offset, arr.reshape(-1).data.cast("B"), where)
         return arr
 
     def output_target(self, name: str, offset: int, size: int, where: str) -> OutputTarget:
@@ -272,7 +272,7 @@ class SharedMemoryRegistry:
         Raises:
             SharedMemoryError: the output is larger than ``shared_memory_byte_size``.
         """
-        buf = memoryview(np.ascontiguousarray(data) if isinstance(data, np.ndarray) else data).cast("B")
+        buf = memoryview(np.ascontiguousarray(data).data if isinstance(data, np.ndarray) else data).cast("B")
         if buf.nbytes > target.byte_size:
             raise SharedMemoryError(f"{where}: the output has {buf.nbytes} bytes but shared_memory_byte_size "
                                     f"is {target.byte_size}")
@@ -353,7 +353,7 @@ def shm_route(shm: SharedMemoryRegistry | None, req: Any, parts: list[str]) -> N
                 if not isinstance(doc, dict):
                     req.error(400, "the register request must be a JSON object with key, offset, byte_size")
                     return
-                shm.register(name, doc.get("key"), doc.get("offset", 0), doc.get("byte_size"))
+                shm.register(name, doc.get("key"), doc.get("offset", 0), doc.get("byte_size"))  # type: ignore[arg-type]  # register checks each
             req.respond(200, b"")
         else:
             req.error(404, f"no such endpoint: {req.path}")

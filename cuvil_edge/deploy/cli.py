@@ -315,17 +315,27 @@ def install_daemon_cmd(
     devices: DeviceSelection = DeviceSelection(),
     unit: Path = _opt(None, "--unit", help="Unit file to install. Defaults to the packaged cuvil-edged.service."),
     start: bool = _opt(True, "--start/--no-start", help="Restart the service where systemd runs."),
+    wheels: Path = _opt(None, "--wheels", help="Folder of wheels prepared for the board's Python and arch "
+                        "(cuvil_edge-*.whl and its dependencies): installed offline into --venv, and the unit runs "
+                        "that venv's cuvil-edged."),
+    venv: str = _opt("/opt/cuvil-edge/venv", "--venv", help="The board's virtual environment (made with "
+                     "--system-site-packages, where JetPack's TensorRT is)."),
+    no_deps: bool = _opt(False, "--no-deps", help="With --wheels: install only the wheels' own packages."),
     connect_timeout: float = CONNECT_TIMEOUT,
     as_json: bool = AS_JSON,
 ) -> None:
-    """Install the daemon's systemd unit on each device and enable it (daemon-reload where systemd runs)."""
+    """Install the daemon's systemd unit on each device and enable it (daemon-reload where systemd runs).
+
+    As root or as a login user with sudo (a sudo that asks for a password is one clear error). With
+    --wheels the project is installed first, offline, into a venv that sees the system's TensorRT.
+    """
     from cuvil_edge.deploy.fleet import select_devices
     from cuvil_edge.deploy.install import install_daemon, read_unit
 
     t0 = time.monotonic()
     addresses = select_devices(devices)
     data = read_unit(unit)
-    results = _on_each(addresses, lambda d: install_daemon(d, data, start, connect_timeout),
+    results = _on_each(addresses, lambda d: install_daemon(d, data, start, connect_timeout, wheels, venv, no_deps),
                        limit=max(1, len(addresses)))
     if as_json:
         print(json.dumps([r.to_dict() for r in results], indent=2))
@@ -333,11 +343,12 @@ def install_daemon_cmd(
         from rich.table import Table
 
         t = Table(title="install-daemon")
-        for col in ("device", "status", "unit", "enabled for", "systemd", "reason"):
+        for col in ("device", "status", "unit", "runs", "enabled for", "systemd", "TensorRT", "reason"):
             t.add_column(col, overflow="fold")
         for r in results:
-            t.add_row(r.device, r.status, r.unit_path, ", ".join(r.enabled), "running" if r.systemd_running
-                      else "not running (enabled for next boot)", r.reason)
+            t.add_row(r.device + (" (sudo)" if r.sudo else ""), r.status, r.unit_path, r.exec_start,
+                      ", ".join(r.enabled), "running" if r.systemd_running else "not running (enabled for next boot)",
+                      r.tensorrt or "-", r.reason)
         print_table(t, _console())
     ok = all(r.ok for r in results)
     _console(as_json).print(f"[bold {'green' if ok else 'red'}]{'PASSED' if ok else 'FAILED'}[/] "

@@ -275,8 +275,8 @@ def sample_members(model_bytes: bytes, evaluation: Dataset, variants: list[bytes
         spread = max([spread] + [float(np.abs(other[k].astype(np.float64) - v).max()) for k, v in outputs.items()
                                  if v.dtype.kind == "f"])
     buf_in, buf_out = io.BytesIO(), io.BytesIO()
-    np.savez(buf_in, **feed)
-    np.savez(buf_out, **outputs)
+    np.savez_compressed(buf_in, **feed)
+    np.savez_compressed(buf_out, **outputs)
     scale = max((float(np.abs(v).max()) for v in outputs.values() if v.size), default=1.0)
     # Other runtimes (TensorRT kernels, another CPU) differ by rounding; a broken install differs by far more.
     tolerance = {"rtol": 0.01, "atol": max(1e-3, 0.02 * scale, 2 * spread)}
