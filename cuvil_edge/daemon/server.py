@@ -61,6 +61,22 @@ STARTUP_FAILURE = 3  # exit code, as uvicorn's
 REVERT_CHECK_S = 1.0  # how often the tick looks for deploy switches past their confirm deadline
 
 
+def trim_heap() -> None:
+    """Hand the C heap's free pages back to the kernel (glibc's ``malloc_trim``): loading and
+    warming models frees tens of MB that glibc keeps mapped otherwise (measured on
+    EfficientNet-Lite0: about 20 MB). A no-op where the C library has no such call."""
+    import ctypes
+    import ctypes.util
+
+    name = ctypes.util.find_library("c")
+    try:
+        libc = ctypes.CDLL(name) if name else None
+        if libc is not None and hasattr(libc, "malloc_trim"):
+            libc.malloc_trim(0)
+    except OSError:
+        pass
+
+
 def freeze_heap() -> None:
     """Collect once, then move every object alive now (modules, sessions, manifests) out of the
     garbage collector's generations (``gc.freeze``), so the periodic full collections that
@@ -179,6 +195,7 @@ class Server:
             raise DaemonError(f"no model can serve: {len(failed)} failed to load "
                               f"({', '.join(sorted(failed))}); see the errors above")
         freeze_heap()
+        trim_heap()
         self.state.ready = True
         self.state.phase = "ready"
         loaded = [f"{i.name}:{i.version}" for i in self.registry.instances()]
