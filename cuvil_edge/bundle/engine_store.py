@@ -375,7 +375,7 @@ class EngineStore:
 
     def records(self) -> list[EngineRecord]:
         """Every readable record under the root (status reports)."""
-        out = []
+        out: list[EngineRecord] = []
         if not self.root.is_dir():
             return out
         for key_dir in sorted(p for p in self.root.iterdir() if p.is_dir() and not p.name.startswith(".")):

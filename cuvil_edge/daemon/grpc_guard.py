@@ -38,13 +38,12 @@ from typing import Any
 
 import grpc
 
-from cuvil_edge.daemon.limits import answer_bytes
+from cuvil_edge.daemon.limits import ANSWER_WINDOW as WINDOW
+from cuvil_edge.daemon.limits import ANSWERS_FULL, answer_bytes
 
-__all__ = ["ANSWERS_FULL", "BUFFERED_FULL", "CallGate", "GuardedHandlers", "WINDOW"]
+__all__ = ["BUFFERED_FULL", "CallGate", "GuardedHandlers", "WINDOW"]
 
 log = logging.getLogger("cuvil_edge.daemon.grpc")
-
-WINDOW = 65535  # HTTP/2's initial flow-control window: an answer this small is sent at once
 
 
 class CallGate:
@@ -214,6 +213,12 @@ class GuardedHandlers:
         finally:
             self.state.release(size)
 
+    def _dropped(self, size: int) -> None:
+        self.state.release(size)
+        dropped = getattr(self.state, "dropped_slow_client", None)
+        if dropped is not None:
+            dropped()
+
     def _expected_answer(self, request: Any) -> int:
         """Bytes a ``ModelInferRequest`` will be answered with, from the model's specs (0: unknown)."""
         inputs = getattr(request, "inputs", None)
@@ -255,11 +260,10 @@ class GuardedHandlers:
             self.write_timeouts += 1
             self.frontend.count(name, grpc.StatusCode.CANCELLED)
             stuck, held[0] = held[0], 0
-            context.add_done_callback(lambda _ctx: self.state.release(stuck))
+            context.add_done_callback(lambda _ctx: self._dropped(stuck))
             log.debug("gRPC %s: the client did not take a %d-byte answer within %g s; call cancelled",
                       name, size, self.timeout)
             raise asyncio.CancelledError() from None
 
+
 BUFFERED_FULL = "the daemon holds its limit of request bytes already (--max-buffered-mb); retry later"
-ANSWERS_FULL = ("the daemon holds its limit of bytes (--max-buffered-mb) in requests and in answers its "
-                "clients have not read yet; retry later")

@@ -16,8 +16,11 @@ Untrusted input costs little (the bounds are :class:`~cuvil_edge.daemon.limits.L
 * request line plus headers over ``max_header`` get 431; ``CONNECT`` gets one 405; a request
   asking for a protocol ``Upgrade`` is answered as plain HTTP/1.1 once, then the connection closes;
 * a client that does not read its answers: once ``write_high_water`` bytes wait in its send
-  buffer (asyncio's ``pause_writing``) the daemon stops serving and reading it; at most
-  ``max_pipeline`` parsed requests wait per connection; it is closed after ``request_timeout``;
+  buffer (asyncio's ``pause_writing``) the daemon stops serving and reading it, and the unsent
+  bytes count in ``max_buffered`` (an inference answer is counted from before it is computed,
+  :mod:`~cuvil_edge.daemon.kserve`), so slow readers together hold at most that budget; at most
+  ``max_pipeline`` parsed requests wait per connection; it is closed after ``request_timeout``
+  and the heap it used is given back to the system at the next tick;
 * every refusal is answered once, the write side is shut, further input is discarded, and the
   connection closes when the client hangs up or after a short linger: the client reads the answer
   instead of a reset, and a refused client cannot make the daemon buffer anything.
@@ -157,6 +160,7 @@ class HttpProtocol(asyncio.Protocol):
         self._lingering: float | None = None  # monotonic time the refusal was sent
         self._reading_paused = False
         self._writing_paused: float | None = None  # monotonic time the send buffer filled up
+        self._unsent = 0  # answer bytes waiting in the send buffer, counted in server.buffered
 
     # ------------------------------------------------------------------ asyncio callbacks
 
@@ -173,6 +177,7 @@ class HttpProtocol(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
         self.server.connections.discard(self)
+        self._sent()
         # Drop everything this connection holds; an in-flight request is skipped by the batcher.
         if self.current is not None and not self.current.done:
             self.current.cancelled = True
@@ -218,6 +223,7 @@ class HttpProtocol(asyncio.Protocol):
 
     def resume_writing(self) -> None:
         self._writing_paused = None
+        self._sent()
         self._update_reading()
         self._next()
 
@@ -393,6 +399,12 @@ class HttpProtocol(asyncio.Protocol):
             head.append(body)  # type: ignore[arg-type]
             transport.write(b"".join(head))
         self.last_activity = time.monotonic()
+        unsent = transport.get_write_buffer_size()
+        if unsent > self.limits.write_high_water:
+            # The client has not taken this answer yet: it counts in --max-buffered-mb until it
+            # does (resume_writing) or it is dropped (sweep), so slow readers cannot pile up more.
+            self._unsent += unsent
+            self.server.hold(unsent)
         if req is self.current:
             self.current = None
         if not keep:
@@ -404,6 +416,12 @@ class HttpProtocol(asyncio.Protocol):
         self._next()
 
     # ------------------------------------------------------------------ limits
+
+    def _sent(self) -> None:
+        """The answers waiting in the send buffer were taken (or dropped with the connection)."""
+        if self._unsent:
+            self.server.release(self._unsent)
+            self._unsent = 0
 
     def _reserve(self, n: int) -> bool:
         """Count ``n`` more bytes of this message against the server's total; refuse if over."""
@@ -506,6 +524,7 @@ class HttpProtocol(asyncio.Protocol):
         elif self._writing_paused is not None and now - self._writing_paused > request_timeout:
             log.debug("closing a connection that has not read its answers for %.0f s", request_timeout)
             self.transport.abort()
+            self.server.dropped_slow_client()
         elif self.message_started is not None and now - self.message_started > request_timeout:
             self._refuse(408, f"request not received within {request_timeout:g} s")
         elif self.idle and now - self.last_activity > keep_alive:

@@ -48,7 +48,16 @@ from cuvil_edge.daemon.infer import (
     complete_inputs,
     serialize_bytes,
 )
-from cuvil_edge.daemon.limits import JsonRefused, Limits, bearer_ok, finite_json_list, loads_limited
+from cuvil_edge.daemon.limits import (
+    ANSWER_WINDOW,
+    ANSWERS_FULL,
+    JsonRefused,
+    Limits,
+    answer_bytes,
+    bearer_ok,
+    finite_json_list,
+    loads_limited,
+)
 from cuvil_edge.daemon.models import ModelInstance, ModelRegistry, UnknownModel
 from cuvil_edge.daemon.shm import OutputTarget, SharedMemoryError, SharedMemoryRegistry, shm_params, shm_route
 from cuvil_edge.daemon.state import ServerState
@@ -589,6 +598,16 @@ class App:
 
     def _submit(self, req: Request, inst: ModelInstance, decoded: Any) -> None:
         doc, arrays, n, outputs, binary_out = decoded
+        # The answer is counted in --max-buffered-mb before it is computed (released once sent),
+        # so answers that clients do not read cannot pile up past it (docs/hardening.md).
+        expected = answer_bytes(inst.output_specs, n)
+        if expected > ANSWER_WINDOW:
+            if not self.state.reserve(expected):
+                self.state.refused["buffered"] = self.state.refused.get("buffered", 0) + 1
+                self.core.refused(inst, req.received)
+                req.error(503, ANSWERS_FULL, [(b"retry-after", b"1")])
+                return
+            req.reserved += expected
         rid = doc.get("id")
         wanted = [o[0] for o in outputs] if outputs is not None else None
         out_list = outputs if outputs is not None else [(s, binary_out, 0, None) for s in inst.output_specs]

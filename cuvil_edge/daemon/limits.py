@@ -28,6 +28,8 @@ import numpy as np
 from cuvil_edge.errors import DaemonError
 
 __all__ = [
+    "ANSWERS_FULL",
+    "ANSWER_WINDOW",
     "JsonRefused",
     "Limits",
     "answer_bytes",
@@ -42,6 +44,11 @@ __all__ = [
 
 MAX_ECHO = 256  # characters of client input an error message or log line repeats, at most
 MAX_ERROR = 1024  # characters of one error message sent to a client, at most
+# An answer up to one HTTP/2 window (and a small HTTP answer) goes out at once; a larger one is
+# counted in --max-buffered-mb from before it is computed until its client has taken it.
+ANSWER_WINDOW = 65535
+ANSWERS_FULL = ("the daemon holds its limit of bytes (--max-buffered-mb) in requests and in answers its "
+                "clients have not read yet; retry later")
 
 
 @dataclass(frozen=True)

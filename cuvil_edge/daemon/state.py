@@ -51,6 +51,7 @@ class ServerState:
         self.stopped = False
         self.phase = "starting"
         self.access_log = access_log  # --access-log: one line per request answered
+        self.trim_wanted = False  # large answers were dropped: return freed heap to the system
 
     def on_request_done(self, req: Any, status: int) -> None:
         self.inflight -= 1
@@ -80,6 +81,16 @@ class ServerState:
     def release(self, n: int) -> None:
         """Forget ``n`` buffered bytes (the request was answered or its client left)."""
         self.buffered = max(0, self.buffered - n)
+
+    def hold(self, n: int) -> None:
+        """Count ``n`` bytes that exist already (an answer a client has not read yet), even past the
+        limit: requests are then refused until they are read or their client is dropped."""
+        self.buffered += n
+        self.buffered_peak = max(self.buffered_peak, self.buffered)
+
+    def dropped_slow_client(self) -> None:
+        """A client that did not read its answers was dropped: give the memory back at the next tick."""
+        self.trim_wanted = True
 
     def on_refused(self, kind: str) -> None:
         """Count a refusal (``connections``, ``auth``, ``buffered``); log at most one line per 10 s."""

@@ -40,7 +40,8 @@ def run_engine_builds(source: Any, devices: list[Any], *, as_json: bool = False,
         async def go() -> list[Any]:
             # Devices in parallel (8 at a time); one lock per key: the first of a key builds, its
             # twins wait for the cache and upload.
-            sem, locks = asyncio.Semaphore(8), {}
+            sem = asyncio.Semaphore(8)
+            locks: dict[Any, asyncio.Lock] = {}
 
             async def one(d: Any) -> Any:
                 async with sem:

@@ -215,7 +215,7 @@ class DeviceLock:
     async def held(self) -> bool:
         """True while the lock file still carries this run's token (not handed over, not taken)."""
         holder = parse_record(await self.tr.read_bytes(self.path, 65536))
-        return bool(holder) and holder.get("token") == self.token
+        return holder is not None and holder.get("token") == self.token
 
     async def release(self) -> None:
         """Remove the lock unless the device-side step took it over (it releases it itself)."""

@@ -172,7 +172,7 @@ class SSHTransport:
             return None
         except (OSError, asyncssh.Error) as exc:
             raise self.error("read", path, exc) from exc
-        return bytes(data)
+        return bytes(data) if isinstance(data, (bytes, bytearray)) else data.encode()
 
     async def write_bytes_atomic(self, path: str, data: bytes) -> None:
         """Write ``path`` through a temp file and a posix rename: readers see old or new, never half."""

@@ -27,9 +27,12 @@ from __future__ import annotations
 import os
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from cuvil_edge.errors import DeployError
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
 
 __all__ = ["DEFAULT_STORE", "CommandResult", "DeviceAddress", "FileAttrs", "RemoteFile", "RemoteProcess",
            "Transport", "parse_address"]
@@ -166,19 +169,28 @@ class RemoteProcess(Protocol):
     ``await stderr.read()``; ``exit_status`` and ``exit_signal`` are both None when the link dropped.
     """
 
-    stdin: Any
-    stdout: Any
-    stderr: Any
-    exit_status: int | None
-    exit_signal: Any
+    @property
+    def stdin(self) -> Any: ...
+
+    @property
+    def stdout(self) -> Any: ...
+
+    @property
+    def stderr(self) -> Any: ...
+
+    @property
+    def exit_status(self) -> int | None: ...
+
+    @property
+    def exit_signal(self) -> Any: ...
 
     async def wait(self, check: bool = False) -> Any: ...
 
     def close(self) -> None: ...
 
-    async def __aenter__(self) -> RemoteProcess: ...
+    async def __aenter__(self) -> Self: ...
 
-    async def __aexit__(self, *exc: object) -> None: ...
+    async def __aexit__(self, exc_type: Any, exc: Any, tb: Any) -> Any: ...
 
 
 @runtime_checkable
@@ -187,9 +199,9 @@ class Transport(Protocol):
 
     address: DeviceAddress
 
-    async def __aenter__(self) -> Transport: ...
+    async def __aenter__(self) -> Self: ...
 
-    async def __aexit__(self, *exc: object) -> None: ...
+    async def __aexit__(self, exc_type: Any, exc: Any, tb: Any) -> Any: ...
 
     async def connect(self) -> None: ...
 
