@@ -33,6 +33,7 @@ Usage::
 
     sudo .venv/bin/python bench/bench_memory_squeeze.py --target host-cgroup
     .venv/bin/python bench/bench_memory_squeeze.py --target qemu-system   # about 25 min under TCG
+    .venv/bin/python bench/bench_memory_squeeze.py --target qemu-orin-nano --modes on  # L4T 36: PSI off
 """
 
 from __future__ import annotations
@@ -355,7 +356,8 @@ class BoardProbe:
     MemAvailable, PSI ``some``/``full`` avg10, the daemon's PID, restarts and cgroup usage."""
 
     SCRIPT = ("while :; do m=$(awk '/MemAvailable/{print $2}' /proc/meminfo); "
-              "p=$(awk '{print $2}' /proc/pressure/memory | tr '\\n' ' '); "
+              "p=$(awk '{print $2}' /proc/pressure/memory 2>/dev/null | tr '\\n' ' '); "
+              "[ -n \"$p\" ] || p='avg10=nan avg10=nan'; "
               "u=$(systemctl show -p MainPID,NRestarts --value cuvil-edged.service | tr '\\n' ' '); "
               "c=$(cat /sys/fs/cgroup/system.slice/cuvil-edged.service/memory.current 2>/dev/null || echo 0); "
               "echo \"$(date +%s.%N) $m $p $u $c\"; sleep 1; done > /tmp/cuvil-squeeze-probe.txt")
@@ -378,11 +380,16 @@ class BoardProbe:
                 continue
             try:
                 rows.append({"t": float(f[0]) - offset, "mem_available_mb": round(int(f[1]) / 1024),
-                             "psi_some_avg10": float(f[2]), "psi_full_avg10": float(f[3]), "pid": int(f[4]),
+                             "psi_some_avg10": _psi(f[2]), "psi_full_avg10": _psi(f[3]), "pid": int(f[4]),
                              "restarts": int(f[5]), "cgroup_mb": round(int(f[6]) / MiB)})
             except ValueError:
                 continue
         return rows
+
+
+def _psi(field: str) -> float | None:
+    """A PSI avg10 figure, or None where the kernel has no PSI (L4T 36: psi=0, no /proc/pressure)."""
+    return None if field == "nan" else float(field)
 
 
 def _board_clock_offset(board: Any) -> float:
@@ -550,8 +557,10 @@ def board_mode(ctx: Any, mode: str, args: argparse.Namespace) -> dict[str, Any]:
                   "neighbour_mb": hog_mb, "neighbour_ramp_s": args.ramp,
                   "neighbour_oom_score_adj": HOG_OOM_ADJ,
                   "min_mem_available_mb": min((r["mem_available_mb"] for r in trace), default=None),
-                  "max_psi_some_avg10": max((r["psi_some_avg10"] for r in trace), default=None),
-                  "max_psi_full_avg10": max((r["psi_full_avg10"] for r in trace), default=None),
+                  "max_psi_some_avg10": max((r["psi_some_avg10"] for r in trace if r["psi_some_avg10"] is not None),
+                                            default=None),
+                  "max_psi_full_avg10": max((r["psi_full_avg10"] for r in trace if r["psi_full_avg10"] is not None),
+                                            default=None),
                   "daemon_cgroup_peak_mb": max((r["cgroup_mb"] for r in trace), default=None)},
         "oom_kills": kills,
         "daemon_oom_kills": len(daemon_kills),
@@ -624,7 +633,7 @@ def qemu_system(args: argparse.Namespace) -> dict[str, Any]:
 
     workdir = Path(tempfile.mkdtemp(prefix="cuvil-squeeze-board-"))
     results: dict[str, Any] = {}
-    with boot("qemu-system", mem_mb=args.mem_mb, forwards=(DAEMON_PORT,)) as board:
+    with boot(args.target, mem_mb=args.mem_mb, forwards=(DAEMON_PORT,)) as board:
         ctx = SuiteContext(board=board, workdir=workdir)
         info = prepare_board(ctx, args)
         facts = board.facts()
@@ -644,7 +653,7 @@ def qemu_system(args: argparse.Namespace) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--target", choices=["host-cgroup", "qemu-system"], default="host-cgroup")
+    ap.add_argument("--target", choices=["host-cgroup", "qemu-system", "qemu-orin-nano"], default="host-cgroup")
     ap.add_argument("--modes", default="off,on")
     ap.add_argument("--threads", type=int, default=4, help="tritonclient load threads")
     ap.add_argument("--baseline", type=float, default=None, help="s of load alone (15; qemu-system 30)")
@@ -660,7 +669,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tick", type=float, default=0.5, help="the daemon's --tick (telemetry and ladder), s")
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "memory_squeeze.json")
     args = ap.parse_args(argv)
-    board = args.target == "qemu-system"  # emulated: slower starts, a daemon restart takes minutes
+    board = args.target.startswith("qemu-")  # emulated: slower starts, a daemon restart takes minutes
     for name, here, emulated in (("baseline", 15.0, 30.0), ("squeeze", 20.0, 45.0), ("recovery", 15.0, 240.0)):
         if getattr(args, name) is None:
             setattr(args, name, emulated if board else here)
@@ -669,12 +678,16 @@ def main(argv: list[str] | None = None) -> int:
     section = doc.get("memory_squeeze", {})
     if "target" in section:  # the single-target layout of earlier runs
         section = {section["target"]: section}
-    if args.target == "qemu-system":
-        entry = {"target": "qemu-system", "command": command, **qemu_system(args),
+    if board:
+        entry = {"target": args.target, "command": command, **qemu_system(args),
                  "model": "hilnet (the HIL suite's classifier, [4, 3, 16, 16] FP32 per request) under load; "
                           f"{len(VAULT_MODELS)} idle vault-* models of {args.vault_mb} MiB weights each"}
-        section["qemu-system"] = entry
-        entry["plot"] = plot_board(entry, args.out.with_name("memory_squeeze_board.png")).name
+        if args.target == "qemu-orin-nano":
+            entry["personality"] = ("L4T 36 (JetPack 6.2) Orin Nano personality: psi=0 (no /proc/pressure), "
+                                    "telemetry from the tegrastats stand-in")
+        section[args.target] = entry
+        png = "memory_squeeze_board.png" if args.target == "qemu-system" else "memory_squeeze_orin.png"
+        entry["plot"] = plot_board(entry, args.out.with_name(png)).name
         doc["memory_squeeze"] = section
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(doc, indent=2) + "\n")

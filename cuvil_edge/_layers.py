@@ -8,7 +8,11 @@ foundation (errors, atomic writes, consoles). A module may import a layer below 
 above; modules of one layer do not import each other (foundation excepted), so the daemon imports
 neither the packager nor deploy and a board's daemon loads nothing of the host's tools.
 
-The rule is checked on the source with :mod:`ast` (no import runs), so a planted upward import fails
+A second rule holds across every module, whatever its layer: no module imports a private name
+(``_name``) of another module; a package may import its own private submodules (``_python.py``), and
+private top-level modules of the foundation (``_console``) are the house's shared helpers.
+
+The rules are checked on the source with :mod:`ast` (no import runs), so a planted upward import fails
 the test suite, and the same scan draws the Mermaid picture in ``docs/architecture.md``::
 
     python -m cuvil_edge._layers --check            # exit 1 on a forbidden import
@@ -29,10 +33,12 @@ __all__ = [
     "LAYERS",
     "Edge",
     "Layer",
+    "import_cycles",
     "import_edges",
     "layer_of",
     "main",
     "mermaid",
+    "private_imports",
     "replace_picture",
     "violations",
 ]
@@ -67,7 +73,11 @@ LAYERS: tuple[Layer, ...] = (
           "what host and board agree on: the bundle format, recipes, the built-in models"),
     Layer("platform", ("targets", "sve", "trt_plugins"),
           "board profiles, the C kernels and TensorRT plugins"),
-    Layer("foundation", ("errors", "_atomic", "_toml", "_progress", "_console", "_cache", "_layers", PACKAGE),
+    Layer("foundation", ("errors", "_atomic", "_toml", "_progress", "_console", "_cache", "_layers", "_device_options",
+                         "_optional",
+                         "_test_hooks",
+                         "_prometheus",
+                         PACKAGE),
           "the error tree, atomic writes, TOML, consoles and progress, the host cache directory", sideways=True),
 )
 
@@ -167,6 +177,110 @@ def import_edges(root: Path) -> list[Edge]:
     return sorted(edges, key=lambda e: (str(e.path), e.line, e.target))
 
 
+def private_imports(root: Path) -> list[str]:
+    """One message per ``from M import _name`` where ``_name`` is a private name of another module.
+
+    Importing a submodule (``from cuvil_edge.trt_plugins import _python``) is not one: a package owns
+    its private modules. A private name is a module's own business; a caller that needs it needs a
+    public name.
+
+    Args:
+        root (Path): the package directory (``.../cuvil_edge``).
+    """
+    root = Path(root)
+    problems = []
+    for path in sorted(root.rglob("*.py")):
+        module = _module_name(root, path)
+        is_package = path.name == "__init__.py"
+        tree = ast.parse(path.read_text("utf-8"), filename=str(path))
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.ImportFrom):
+                continue
+            if node.level:
+                base = module.split(".") if is_package else module.split(".")[:-1]
+                base = base[: len(base) - (node.level - 1)]
+                source = ".".join(base + ([node.module] if node.module else []))
+            else:
+                source = node.module or ""
+            if not (source == PACKAGE or source.startswith(PACKAGE + ".")) or source == module:
+                continue
+            for alias in node.names:
+                name = alias.name
+                if name.startswith("_") and not name.startswith("__") and not _exists(root, f"{source}.{name}"):
+                    problems.append(f"{path}:{node.lineno}: {module} imports the private name {name} of {source}; "
+                                    "make it public (and list it in __all__) or keep the caller out")
+    return problems
+
+
+def import_cycles(root: Path) -> list[list[str]]:
+    """Groups of modules that import each other, directly or around a loop, lazy imports included.
+
+    The layer rule keeps units acyclic; this finds loops inside one unit (``deploy.cli`` and
+    ``deploy.engines_cli`` importing each other). A package's imports of its own submodules are left
+    out: a package loading its children (``trt_plugins`` registering ``_python``) is how packages work.
+
+    Args:
+        root (Path): the package directory (``.../cuvil_edge``).
+
+    Returns:
+        list[list[str]]: each cycle's modules, sorted; empty when there is none.
+    """
+    root = Path(root)
+    graph: dict[str, set[str]] = {}
+    for path in sorted(root.rglob("*.py")):
+        module = _module_name(root, path)
+        is_package = path.name == "__init__.py"
+        tree = ast.parse(path.read_text("utf-8"), filename=str(path))
+        targets = graph.setdefault(module, set())
+        for node in ast.walk(tree):
+            for target in _targets(root, module, is_package, node):
+                if not (target == PACKAGE or target.startswith(PACKAGE + ".")):
+                    continue
+                while "." in target and not _exists(root, target):
+                    target = target.rsplit(".", 1)[0]  # from M import name: the module M
+                if target != module and not (is_package and target.startswith(module + ".")):
+                    targets.add(target)
+    # Tarjan's strongly connected components, iteratively (no recursion limit on a deep package).
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    cycles: list[list[str]] = []
+    for start in sorted(graph):
+        if start in index:
+            continue
+        work = [(start, iter(sorted(graph.get(start, ()))))]
+        index[start] = low[start] = len(index)
+        stack.append(start)
+        on_stack.add(start)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph.get(child, ())))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    cycles.append(sorted(component))
+    return sorted(cycles)
+
+
 def violations(edges: Sequence[Edge], allowed: dict[tuple[str, str], str] | None = None) -> list[str]:
     """One message per import that breaks the layer rule and is not on the allow-list.
 
@@ -261,10 +375,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     rc = 0
     if args.check or not (args.write or args.print):
         problems = violations(edges) + [f"stale allow-list entry: {s}" for s in stale_allowances(edges)]
+        problems += private_imports(args.root)
+        problems += [f"import cycle: {' -> '.join(cycle)}" for cycle in import_cycles(args.root)]
         for problem in problems:
             print(problem, file=sys.stderr)
         print(f"{'FAILED' if problems else 'PASSED'}: {len(edges)} imports between units, "
-              f"{len(problems)} against the layer rule", file=sys.stderr)
+              f"{len(problems)} against the rules", file=sys.stderr)
         rc = 1 if problems else 0
     if args.print:
         sys.stdout.write(mermaid(edges))

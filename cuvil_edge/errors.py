@@ -19,13 +19,16 @@ traceback::
     ├── TelemetryError       telemetry source or parse failure
     │   └── SourceExhausted          telemetry/base.py: the source ended normally
     ├── DaemonError          daemon configuration or serving failure
-    │   ├── BadRequest               daemon/kserve.py: a request the client must fix (HTTP 4xx)
-    │   ├── MemoryRefused            daemon/kserve.py: a model does not fit the budget (HTTP 507)
+    │   ├── BadRequest               daemon/infer.py: a request the client must fix (HTTP 4xx)
+    │   ├── MemoryRefused            daemon/infer.py: a model does not fit the budget (HTTP 507)
+    │   ├── Refusal                  daemon/infer.py: refused before decoding: pressure, draining (HTTP 503)
     │   ├── UnknownModel             daemon/models.py: no such model or version being served
+    │   │   └── ModelUnavailable     daemon/models.py: unloaded under memory pressure, back by itself (HTTP 503)
     │   ├── MemoryBudgetError        daemon/scheduler/memory.py: over the memory budget
     │   ├── SharedMemoryError        daemon/shm.py: a shared-memory request the client must fix
     │   ├── JsonRefused              daemon/limits.py: a JSON body refused (too big, deep, malformed); also a ValueError
-    │   └── RpcFailure               daemon/grpc_server.py: an RPC answered with a gRPC error status
+    │   ├── RpcFailure               daemon/grpc_server.py: an RPC answered with a gRPC error status
+    │   └── CudaInitError            runtime/cuda_standin.py: the CUDA-init stand-in could not open a GPU node
     ├── DeployError          transport, device check, health gate, rollback
     │   ├── Unreachable              deploy/transport.py: network, auth or host key
     │   ├── CorruptUpload            deploy/upload.py: the upload's sha256 did not match
@@ -33,7 +36,9 @@ traceback::
     │   │   └── DeviceActivating     deploy/layout.py: the device's own deploy step holds the lock
     │   ├── LockBusy                 deploy/activate.py: the device side finds the lock held
     │   ├── IncompatibleDevice       deploy/probe.py: bundle built for another board or release
-    │   └── _HTTPFailure             deploy/health.py: the daemon did not answer (private)
+    │   │   └── PackageOnlyDevice    deploy/probe.py: JetPack 4/5 (Python < 3.10): packaging only
+    │   ├── SudoNeedsPassword        deploy/install.py: the login user's sudo asks for a password
+    │   └── DaemonHTTPFailure        deploy/health.py: the daemon did not answer or refused
     ├── TensorRTMissing      runtime/trt/tensorrt_import.py: TensorRT or pycuda not importable here
     ├── _NoCuda              runtime/buffers.py: pycuda or a CUDA device missing (private: pageable fallback)
     ├── TopError             top.py: a daemon cannot be read (unreachable, refused, not cuvil-edged)

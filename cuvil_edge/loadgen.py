@@ -39,11 +39,10 @@ class ClientMissing(CuvilEdgeError):
 
 
 def _import_httpclient() -> Any:
-    try:
-        import tritonclient.http as httpclient
-    except ImportError as exc:
-        raise ClientMissing(f"the load generator needs tritonclient ({exc}); install it with: {CLIENT_EXTRA}") from exc
-    return httpclient
+    from cuvil_edge._optional import optional_import
+
+    return optional_import("tritonclient.http", needed_for="the load generator",
+                           install=f"install it with: {CLIENT_EXTRA}", error=ClientMissing)
 
 
 def _prepare_store(source: Path, tmp: Path) -> Path:
@@ -268,14 +267,7 @@ _KEEP = ("cuvil_board_gpu_utilization_percent", "cuvil_board_emc_utilization_per
 
 
 def _parse_metrics(text: str) -> dict[str, float]:
-    out: dict[str, float] = {}
-    for line in text.splitlines():
-        if not line or line.startswith("#"):
-            continue
-        key, _, val = line.rpartition(" ")
-        if key.split("{", 1)[0] in _KEEP:
-            try:
-                out[key] = float(val)
-            except ValueError:
-                continue
-    return out
+    """The board and scheduler series worth keeping in a report, ``{name{labels}: value}``."""
+    from cuvil_edge._prometheus import flatten, parse_prometheus
+
+    return flatten(parse_prometheus(text), _KEEP)

@@ -15,8 +15,8 @@ from cuvil_edge.errors import RecipeError
 from cuvil_edge.targets import get_target
 
 __all__ = ["CALIBRATION_METHODS", "PRECISIONS", "QUANTIZERS", "TASK_KINDS", "AccuracyGoal", "Recipe",
-           "check_postprocess", "choices", "load_recipe",
-           "recipe_from_dict"]
+           "check_input_shapes", "check_postprocess", "choices", "input_shape_from_text", "load_recipe",
+           "preprocess_from_text", "recipe_from_dict"]
 
 PRECISIONS = ("fp32", "fp16", "int8", "mixed")
 _PRE_KINDS = ("image", "none")
@@ -111,12 +111,18 @@ class Recipe:
     precision: str
     max_batch: int = 8
     input_name: str | None = None
+    # [input] shapes: per input a full shape (dynamic non-batch sizes) or {min, opt, max} shapes.
+    input_shapes: dict[str, Any] = field(default_factory=dict)
+    # [input] batch_axes: per input its batch axis, or None for an input without one.
+    batch_axes: dict[str, int | None] = field(default_factory=dict)
     preprocess: dict[str, Any] = field(default_factory=lambda: {"kind": "none"})
     postprocess: dict[str, Any] = field(default_factory=lambda: {"kind": "none"})
     calibration_data: str = ""
     calibration_samples: int = 128
     calibration_method: str = "percentile"
     bias_correction: bool = True
+    # [quantization] exclude: node-name or op-type patterns (fnmatch) kept in float.
+    exclude: list[str] = field(default_factory=list)
     evaluation_data: str = ""
     evaluation_samples: int = 200
     sensitivity_samples: int = 96
@@ -130,7 +136,11 @@ class Recipe:
             "version": self.version,
             "model": {"source": self.model},
             "target": {"board": self.target, "precision": self.precision, "max_batch": self.max_batch},
-            "input": {"name": self.input_name} if self.input_name else {},
+            "input": {k: v for k, v in (("name", self.input_name), ("shapes", self.input_shapes),
+                                        ("batch_axes", {n: ("none" if a is None else a)
+                                                        for n, a in self.batch_axes.items()}))
+                      if v},
+            "quantization": {"exclude": list(self.exclude)} if self.exclude else {},
             "preprocess": self.preprocess,
             "postprocess": self.postprocess,
             "calibration": {
@@ -163,11 +173,76 @@ def _get(table: dict[str, Any], key: str, kind: type | tuple[type, ...], where: 
     return value
 
 
-def _table(data: dict[str, Any], key: str, where: str) -> dict[str, Any]:
+def _table(data: dict[str, Any], key: str, where: str, known: tuple[str, ...] | None = None) -> dict[str, Any]:
+    """The ``[key]`` table; with ``known``, a field outside it is an error naming it (a typo such as
+    ``[input] shape`` must not be silently ignored)."""
     value = data.get(key, {})
     if not isinstance(value, dict):
         raise RecipeError(f"{where}: [{key}] must be a table")
+    if known is not None:
+        bad = sorted(set(value) - set(known))
+        if bad:
+            raise RecipeError(f"{where}: [{key}] unknown field '{bad[0]}' (known: {', '.join(sorted(known))})")
     return value
+
+
+_INPUT_KEYS = ("name", "shapes", "batch_axes")
+_QUANT_KEYS = ("exclude",)
+_CALIB_KEYS = ("data", "samples", "method", "bias_correction")
+_EVAL_KEYS = ("data", "samples", "sensitivity_samples")
+_PRE_KEYS = ("kind", "size", "resize", "letterbox", "layout", "color", "mean", "std", "scale", "dtype")
+
+
+def _shape(value: Any, where: str) -> list[int]:
+    if not isinstance(value, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d > 0
+                                              for d in value):
+        raise RecipeError(f"{where} must be a list of positive integers, got {value!r}")
+    return [int(d) for d in value]
+
+
+def check_input_shapes(shapes: Any, where: str) -> dict[str, Any]:
+    """``[input] shapes``: per input a full shape, or ``{min, opt, max}`` shapes of one rank, min <= opt <= max."""
+    if not isinstance(shapes, dict):
+        raise RecipeError(f"{where}: field 'shapes' must be a table of input name = shape")
+    out: dict[str, Any] = {}
+    for name, value in shapes.items():
+        w = f"{where}: shapes.{name}"
+        if isinstance(value, list):
+            out[name] = _shape(value, w)
+            continue
+        if not isinstance(value, dict):
+            raise RecipeError(f"{w} must be a shape [1, 3, 640, 640] or {{min = [...], opt = [...], max = [...]}}")
+        bad = sorted(set(value) - {"min", "opt", "max"})
+        if bad or set(value) != {"min", "opt", "max"}:
+            raise RecipeError(f"{w} needs exactly min, opt and max" + (f" (unknown '{bad[0]}')" if bad else ""))
+        prof = {k: _shape(value[k], f"{w}.{k}") for k in ("min", "opt", "max")}
+        if len({len(v) for v in prof.values()}) != 1:
+            raise RecipeError(f"{w}: min, opt and max must have the same rank")
+        if not all(a <= b <= c for a, b, c in zip(prof["min"], prof["opt"], prof["max"], strict=True)):
+            raise RecipeError(f"{w}: needs min <= opt <= max in every dimension")
+        out[name] = prof
+    return out
+
+
+def _check_batch_axes(axes: Any, where: str) -> dict[str, int | None]:
+    if not isinstance(axes, dict):
+        raise RecipeError(f"{where}: field 'batch_axes' must be a table of input name = axis (or \"none\")")
+    out: dict[str, int | None] = {}
+    for name, value in axes.items():
+        if value == "none":
+            out[name] = None
+        elif isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+            out[name] = value
+        else:
+            raise RecipeError(f"{where}: batch_axes.{name} must be an axis >= 0 or \"none\", got {value!r}")
+    return out
+
+
+def _check_exclude(quant: dict[str, Any], where: str) -> list[str]:
+    patterns = _get(quant, "exclude", list, f"{where} [quantization]", [])
+    if not all(isinstance(p, str) and p for p in patterns):
+        raise RecipeError(f"{where}: [quantization] field 'exclude' must be a list of node-name or op-type patterns")
+    return list(patterns)
 
 
 def _check_preprocess(pre: dict[str, Any], where: str) -> dict[str, Any]:
@@ -175,8 +250,14 @@ def _check_preprocess(pre: dict[str, Any], where: str) -> dict[str, Any]:
     if kind not in _PRE_KINDS:
         raise RecipeError(f"{where}: [preprocess] kind must be one of {_PRE_KINDS}, got '{kind}'")
     if kind == "none":
+        extra = sorted(set(pre) - {"kind"})
+        if extra:
+            raise RecipeError(f"{where}: [preprocess] field '{extra[0]}' needs kind = \"image\"")
         return {"kind": "none"}
     w = f"{where} [preprocess]"
+    bad = sorted(set(pre) - set(_PRE_KEYS))
+    if bad:
+        raise RecipeError(f"{w}: unknown field '{bad[0]}' (known: {', '.join(_PRE_KEYS)})")
     size = _get(pre, "size", list, w)
     if len(size) != 2 or not all(isinstance(s, int) and s > 0 for s in size):
         raise RecipeError(f"{w}: field 'size' must be [height, width] of positive integers")
@@ -187,6 +268,12 @@ def _check_preprocess(pre: dict[str, Any], where: str) -> dict[str, Any]:
             raise RecipeError(f"{w}: field '{key}' must be 3 numbers")
     if any(float(s) == 0 for s in std):
         raise RecipeError(f"{w}: field 'std' must not contain 0")
+    # scale multiplies after the mean is taken off ((pixel - mean) / std * scale): YOLO's 1/255 is
+    # scale = 0.00392..., folded into std so the device's pipeline needs no new field.
+    scale = _get(pre, "scale", float, w, 1.0)
+    if not scale > 0:
+        raise RecipeError(f"{w}: field 'scale' must be positive")
+    std = [float(s) / scale for s in std]
     color = _get(pre, "color", str, w, "RGB").upper()
     layout = _get(pre, "layout", str, w, "NCHW").upper()
     resize = _get(pre, "resize", str, w, "bilinear")
@@ -285,15 +372,18 @@ def _resolve(value: str, base: Path | None, where: str = "recipe") -> str:
 def recipe_from_dict(data: dict[str, Any], where: str = "recipe", base: Path | None = None) -> Recipe:
     """Validate a recipe dict; ``base`` resolves relative paths."""
     known = {"name", "version", "model", "target", "input", "preprocess", "postprocess", "calibration",
-             "evaluation", "accuracy", "latency"}
+             "evaluation", "accuracy", "latency", "quantization"}
     unknown = sorted(set(data) - known)
     if unknown:
         raise RecipeError(f"{where}: unknown section or field '{unknown[0]}' (known: {', '.join(sorted(known))})")
-    model = _table(data, "model", where)
-    target = _table(data, "target", where)
-    calib = _table(data, "calibration", where)
-    evaluation = _table(data, "evaluation", where)
+    model = _table(data, "model", where, ("source",))
+    target = _table(data, "target", where, ("board", "precision", "max_batch"))
+    calib = _table(data, "calibration", where, _CALIB_KEYS)
+    evaluation = _table(data, "evaluation", where, _EVAL_KEYS)
     acc = _table(data, "accuracy", where)
+    inp = _table(data, "input", where, _INPUT_KEYS)
+    quant = _table(data, "quantization", where, _QUANT_KEYS)
+    input_name = _get(inp, "name", str, f"{where} [input]", None)
     precision = _get(target, "precision", str, f"{where} [target]", "fp32")
     if precision not in PRECISIONS:
         raise RecipeError(f"{where}: [target] precision must be one of {PRECISIONS}, got '{precision}'")
@@ -320,7 +410,7 @@ def recipe_from_dict(data: dict[str, Any], where: str = "recipe", base: Path | N
     for key, n in samples.items():
         if n < 1:
             raise RecipeError(f"{where}: [{key}] samples must be at least 1")
-    latency = _table(data, "latency", where)
+    latency = _table(data, "latency", where, ("p95_ms",))
     return Recipe(
         name=_get(data, "name", str, where),
         version=str(_get(data, "version", (str, int, float), where, "1.0.0")),
@@ -328,7 +418,10 @@ def recipe_from_dict(data: dict[str, Any], where: str = "recipe", base: Path | N
         target=board,
         precision=precision,
         max_batch=max_batch,
-        input_name=_table(data, "input", where).get("name"),
+        input_name=input_name,
+        input_shapes=check_input_shapes(inp.get("shapes", {}), f"{where} [input]"),
+        batch_axes=_check_batch_axes(inp.get("batch_axes", {}), f"{where} [input]"),
+        exclude=_check_exclude(quant, where),
         preprocess=_check_preprocess(_table(data, "preprocess", where), where),
         postprocess=_check_postprocess(_table(data, "postprocess", where), where),
         calibration_data=_resolve(_get(calib, "data", str, f"{where} [calibration]", ""), base,
@@ -360,3 +453,73 @@ def load_recipe(path: Path) -> Recipe:
     recipe = recipe_from_dict(data, str(path), path.parent.resolve())
     recipe.source = path.resolve()
     return recipe
+
+
+def _number(text: str, what: str) -> float:
+    """``0.5``, ``1/255``: a number as a command line writes it."""
+    try:
+        if "/" in text:
+            num, den = text.split("/", 1)
+            return float(num) / float(den)
+        return float(text)
+    except (ValueError, ZeroDivisionError):
+        raise RecipeError(f"{what}: '{text}' is not a number") from None
+
+
+def preprocess_from_text(text: str) -> dict[str, Any]:
+    """``--preprocess``: the ``[preprocess]`` table from one line, checked as a recipe's is.
+
+    Grammar: ``none`` or ``image:HxW`` then comma-separated options: ``letterbox``, ``rgb``/``bgr``,
+    ``nchw``/``nhwc``, ``fp16``, ``scale=1/255``, ``mean=M`` or ``mean=R/G/B`` (pixel units, ``/``
+    between channels), ``std=S`` or ``std=R/G/B``. Example: ``image:320x320,letterbox,rgb,scale=1/255``.
+    """
+    what = f"--preprocess '{text}'"
+    head, _, rest = text.strip().partition(",")
+    kind, _, size = head.partition(":")
+    if kind == "none" and not size and not rest:
+        return {"kind": "none"}
+    if kind != "image":
+        raise RecipeError(f"{what}: must start with image:HxW (or be 'none')")
+    try:
+        h, w = (int(v) for v in size.lower().split("x"))
+    except ValueError:
+        raise RecipeError(f"{what}: the size must be HxW, such as image:320x320") from None
+    table: dict[str, Any] = {"kind": "image", "size": [h, w]}
+    for opt in [o.strip() for o in rest.split(",") if o.strip()]:
+        key, eq, value = opt.partition("=")
+        key = key.lower()
+        if not eq and key == "letterbox":
+            table["letterbox"] = True
+        elif not eq and key in ("rgb", "bgr"):
+            table["color"] = key.upper()
+        elif not eq and key in ("nchw", "nhwc"):
+            table["layout"] = key.upper()
+        elif not eq and key == "fp16":
+            table["dtype"] = "float16"
+        elif eq and key == "scale":
+            table["scale"] = _number(value, what)
+        elif eq and key in ("mean", "std"):
+            parts = value.split("/") if value.count("/") == 2 else [value]
+            nums = [_number(p, what) for p in parts]
+            table[key] = nums * 3 if len(nums) == 1 else nums
+        else:
+            raise RecipeError(f"{what}: unknown option '{opt}' (letterbox, rgb, bgr, nchw, nhwc, fp16, scale=, "
+                              "mean=, std=)")
+    return _check_preprocess(table, "--preprocess")
+
+
+def input_shape_from_text(text: str) -> tuple[str, Any]:
+    """``--input-shape``: ``NAME:1x3x320x320`` (one shape) or ``NAME:MIN,OPT,MAX`` (a profile)."""
+    name, sep, shapes = text.rpartition(":")
+    if not sep or not name:
+        raise RecipeError(f"--input-shape '{text}': write NAME:1x3x320x320 or NAME:MIN,OPT,MAX")
+    try:
+        parsed = [[int(d) for d in part.lower().split("x")] for part in shapes.split(",")]
+    except ValueError:
+        raise RecipeError(f"--input-shape '{text}': dimensions must be integers joined by x") from None
+    if len(parsed) == 1:
+        return name, check_input_shapes({name: parsed[0]}, "--input-shape")[name]
+    if len(parsed) != 3:
+        raise RecipeError(f"--input-shape '{text}': give one shape or three (min,opt,max)")
+    prof = dict(zip(("min", "opt", "max"), parsed, strict=True))
+    return name, check_input_shapes({name: prof}, "--input-shape")[name]

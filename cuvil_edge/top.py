@@ -7,7 +7,7 @@ which it derives request rate and mean batch size between two refreshes). Nothin
 the device for the view's sake, so watching a board costs it two small HTTP requests a second.
 
 The daemon listens on its loopback; for a remote board ``--ssh user@host`` opens the same SSH port
-forward ``cuvil-edge deploy`` uses (:meth:`cuvil_edge.deploy.transport.SSHTransport.forward_local`)
+forward ``cuvil-edge deploy`` uses (``Transport.forward_local``, :mod:`cuvil_edge.deploy.transport_base`)
 for as long as the view runs. ``q`` or Ctrl-C ends it and restores the terminal.
 """
 
@@ -28,6 +28,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+# The one Prometheus text parser (loadgen reads /metrics with it too); re-exported here, its old home.
+from cuvil_edge._prometheus import Samples, parse_prometheus
 from cuvil_edge.errors import CuvilEdgeError
 
 __all__ = ["DaemonView", "TopError", "fetch_view", "parse_prometheus", "register", "render", "run_top"]
@@ -38,79 +40,6 @@ LEVEL_NAMES = ("NORMAL", "SHRINK_PREFETCH", "CAP_BATCH", "RELEASE_IDLE", "UNLOAD
 
 class TopError(CuvilEdgeError):
     """The daemon cannot be read (unreachable, refused, or not a cuvil-edged)."""
-
-
-Samples = dict[str, list[tuple[dict[str, str], float]]]
-
-
-def _unescape(value: str) -> str:
-    out, i = [], 0
-    while i < len(value):
-        c = value[i]
-        if c == "\\" and i + 1 < len(value):
-            nxt = value[i + 1]
-            out.append({"n": "\n", "\\": "\\", '"': '"'}.get(nxt, nxt))
-            i += 2
-            continue
-        out.append(c)
-        i += 1
-    return "".join(out)
-
-
-def parse_prometheus(text: str) -> Samples:
-    """Parse Prometheus text exposition (0.0.4) into ``{name: [(labels, value), ...]}``.
-
-    Comments and malformed lines are skipped: a view must not die on one odd line.
-    """
-    out: Samples = {}
-    for raw in text.splitlines():
-        line = raw.strip()
-        if not line or line.startswith("#"):
-            continue
-        labels: dict[str, str] = {}
-        if "{" in line:
-            name, _, rest = line.partition("{")
-            body, value_text = _split_labels(rest)
-            if body is None:
-                continue
-            labels = body
-        else:
-            name, _, value_text = line.partition(" ")
-        try:
-            value = float(value_text.split()[0])
-        except (ValueError, IndexError):
-            continue
-        out.setdefault(name.strip(), []).append((labels, value))
-    return out
-
-
-def _split_labels(rest: str) -> tuple[dict[str, str] | None, str]:
-    """Labels up to the closing brace (quotes may hold braces and commas), and the value text."""
-    labels: dict[str, str] = {}
-    i, n = 0, len(rest)
-    while i < n:
-        while i < n and rest[i] in " ,":
-            i += 1
-        if i < n and rest[i] == "}":
-            return labels, rest[i + 1:].strip()
-        eq = rest.find("=", i)
-        if eq < 0 or eq + 1 >= n or rest[eq + 1] != '"':
-            return None, ""
-        key = rest[i:eq].strip()
-        j = eq + 2
-        buf = []
-        while j < n and rest[j] != '"':
-            if rest[j] == "\\" and j + 1 < n:
-                buf.append(rest[j:j + 2])
-                j += 2
-                continue
-            buf.append(rest[j])
-            j += 1
-        if j >= n:
-            return None, ""
-        labels[key] = _unescape("".join(buf))
-        i = j + 1
-    return None, ""
 
 
 def _one(samples: Samples, name: str, **match: str) -> float | None:
@@ -359,7 +288,8 @@ def ssh_forward(address: str, daemon_port: int = 8000, identity: str | None = No
     """
     import asyncio
 
-    from cuvil_edge.deploy.transport import SSHTransport, parse_address
+    from cuvil_edge.deploy.transport import parse_address
+    from cuvil_edge.deploy.transports import open_transport
 
     given = {"identity": identity, "known_hosts": known_hosts, "daemon_port": daemon_port}
     addr = parse_address(address, **{k: v for k, v in given.items() if v is not None})
@@ -371,7 +301,7 @@ def ssh_forward(address: str, daemon_port: int = 8000, identity: str | None = No
 
     async def hold() -> None:
         try:
-            async with SSHTransport(addr, connect_timeout=connect_timeout) as tr:
+            async with open_transport(addr, connect_timeout) as tr:
                 async with tr.forward_local(addr.daemon_port) as local:
                     port.append(local)
                     started.set()

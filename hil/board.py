@@ -31,7 +31,7 @@ import socket
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -96,7 +96,10 @@ class Board:
     fallback_from: str | None = None
     boot_seconds: float | None = None
     proc: subprocess.Popen[bytes] | None = None
+    power_cuts: int = 0
     _tunnels: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    _relaunch: Callable[[dict[int, int]], Board] | None = None
+    _boot_budget: float = 900.0
 
     @property
     def emulated(self) -> bool:
@@ -198,6 +201,45 @@ class Board:
         kept = [ln for ln in text.splitlines() if ln.strip() and not _SPINNER.search(ln)]
         return "\n".join(kept[-lines:])
 
+    def power_cut(self) -> None:
+        """Cuts the power of an emulated board: SIGKILL to QEMU. The guest loses everything it had
+        not fsynced; its disk (the overlay, written by QEMU with the guest's flushes honoured when
+        the board was booted with ``power_cuts=True``) stays for :meth:`power_on`."""
+        if self.proc is None or self._relaunch is None:
+            raise HilError("power_cut() needs an emulated board booted by boot()")
+        self._stop_tunnels()
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(30)
+        self.power_cuts += 1
+        log = self.console_log
+        if log is not None and log.is_file():  # keep each boot's console as evidence
+            log.rename(log.with_name(f"console-boot{self.power_cuts}.log"))
+
+    def power_on(self, console: object | None = None) -> float:
+        """Boots the board again from the same disk, on the same loopback ports when they are free
+        (a host that was talking to it reconnects as to a real board); seconds to multi-user."""
+        if self._relaunch is None or (self.proc is not None and self.proc.poll() is None):
+            raise HilError("power_on() needs an emulated board whose power was cut")
+        from rich.console import Console
+
+        again = self._relaunch({22: self.ssh_port, **self.forwards})
+        self.proc, self.ssh_port, self.forwards = again.proc, again.ssh_port, again.forwards
+        self.known_hosts = again.known_hosts
+        _wait_up(self, self._boot_budget, console if console is not None else Console(stderr=True))
+        if self.target.board:
+            from hil.personality import apply_personality
+
+            apply_personality(self, self.target.board)
+        return float(self.boot_seconds or 0.0)
+
+    def _stop_tunnels(self) -> None:
+        for t in self._tunnels:
+            t.terminate()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                t.wait(5)
+        self._tunnels.clear()
+
     def close(self, keep: bool = False) -> None:
         """Stops the tunnels and, for an emulated board, the VM (unless ``keep``)."""
         for t in self._tunnels:
@@ -218,13 +260,15 @@ class Board:
 
 
 def _qemu_argv(image: BoardImage, target: HilTarget, mem_mb: int, smp: int, overlay: Path, console: Path,
-               hostfwd: dict[int, int], dtb: Path | None = None, dumpdtb: Path | None = None) -> list[str]:
+               hostfwd: dict[int, int], dtb: Path | None = None, dumpdtb: Path | None = None,
+               cache: str = "unsafe") -> list[str]:
     fwd = "".join(f",hostfwd=tcp:127.0.0.1:{host}-:{guest}" for guest, host in hostfwd.items())
     machine = "virt" + (f",dumpdtb={dumpdtb}" if dumpdtb else "")
     argv = [QEMU, "-M", machine, "-accel", "tcg,thread=multi", "-cpu", target.cpu, "-smp", str(smp),
             "-m", str(mem_mb), "-kernel", str(image.kernel), "-initrd", str(image.initrd),
-            "-append", "root=/dev/vda rw console=ttyAMA0 net.ifnames=0 systemd.show_status=error " + BOOT_MASKS,
-            "-drive", f"file={overlay},if=virtio,format=qcow2,cache=unsafe",
+            "-append", " ".join(["root=/dev/vda rw console=ttyAMA0 net.ifnames=0 systemd.show_status=error",
+                                 BOOT_MASKS, *_personality_kernel_args(target)]),
+            "-drive", f"file={overlay},if=virtio,format=qcow2,cache={cache}",
             "-netdev", f"user,id=n0{fwd}", "-device", "virtio-net-pci,netdev=n0,romfile=",
             "-device", "virtio-rng-pci",
             "-display", "none", "-serial", f"file:{console}", "-monitor", "none", "-no-reboot"]
@@ -233,10 +277,18 @@ def _qemu_argv(image: BoardImage, target: HilTarget, mem_mb: int, smp: int, over
     return argv
 
 
+def _personality_kernel_args(target: HilTarget) -> tuple[str, ...]:
+    """The board personality's kernel arguments (``psi=0`` on L4T 36), none without a personality."""
+    from hil.personality import kernel_args
+
+    return kernel_args(target.board)
+
+
 @contextlib.contextmanager
 def boot(target: str | HilTarget = "qemu-system", *, mem_mb: int | None = None, smp: int | None = None,
          forwards: Sequence[int] = (8000,), keep: bool = False, workdir: Path | None = None,
-         console: object | None = None, boot_timeout: float | None = None) -> Iterator[Board]:
+         console: object | None = None, boot_timeout: float | None = None,
+         power_cuts: bool = False) -> Iterator[Board]:
     """Boots the emulated arm64 board and yields it once systemd reports the system up.
 
     Args:
@@ -249,6 +301,10 @@ def boot(target: str | HilTarget = "qemu-system", *, mem_mb: int | None = None, 
         workdir (Path | None): the run's folder (overlay, console log). Defaults to a temp folder.
         console (rich.console.Console | None): progress output. Defaults to stderr.
         boot_timeout (float | None): seconds to reach multi-user. Defaults to the target's.
+        power_cuts (bool): the board's power will be cut (:meth:`Board.power_cut`): QEMU honours
+            the guest's disk flushes (``cache=writeback``) so the overlay holds exactly what the
+            guest made durable, as a disk would; otherwise flushes are skipped (``cache=unsafe``,
+            faster). Defaults to False.
 
     Raises:
         BootError: QEMU did not start, or the board was not up within the budget (console tail).
@@ -281,7 +337,12 @@ def boot(target: str | HilTarget = "qemu-system", *, mem_mb: int | None = None, 
 
             dtb = personality_dtb(tgt.board, run_dir, lambda dump: _qemu_argv(
                 image, tgt, mem, cpus, overlay, console_log, {}, dumpdtb=dump))
-        board = _start_vm(image, tgt, mem, cpus, overlay, console_log, forwards, dtb, run_dir, known_hosts)
+        cache = "writeback" if power_cuts else "unsafe"
+        board = _start_vm(image, tgt, mem, cpus, overlay, console_log, forwards, dtb, run_dir, known_hosts,
+                          cache=cache)
+        board._boot_budget = budget
+        board._relaunch = lambda ports: _start_vm(image, tgt, mem, cpus, overlay, console_log, forwards, dtb,
+                                                  run_dir, known_hosts, cache=cache, ports=ports)
         _wait_up(board, budget, con)
         if tgt.board:
             from hil.personality import apply_personality
@@ -300,18 +361,23 @@ def boot(target: str | HilTarget = "qemu-system", *, mem_mb: int | None = None, 
 
 
 def _start_vm(image: BoardImage, tgt: HilTarget, mem: int, cpus: int, overlay: Path, console_log: Path,
-              forwards: Sequence[int], dtb: Path | None, run_dir: Path, known_hosts: Path) -> Board:
+              forwards: Sequence[int], dtb: Path | None, run_dir: Path, known_hosts: Path, cache: str = "unsafe",
+              ports: dict[int, int] | None = None) -> Board:
     last = ""
-    for _ in range(4):  # a port picked free can be taken before QEMU binds it: pick again
-        ssh_port = free_port()
-        fwd = {22: ssh_port, **{int(g): free_port() for g in forwards}}
+    for attempt in range(4):  # a port picked free can be taken before QEMU binds it: pick again
+        if ports and attempt < 2:  # the same ports as before a power cut (retry once: a socket may linger)
+            fwd = dict(ports)
+            ssh_port = fwd[22]
+        else:
+            ssh_port = free_port()
+            fwd = {22: ssh_port, **{int(g): free_port() for g in forwards}}
         if len(set(fwd.values())) != len(fwd):
             continue
         host_pub = (image.dir / "host_key.pub")
         if host_pub.is_file():
             key_type, key_b64 = host_pub.read_text().split()[:2]
             known_hosts.write_text(f"[127.0.0.1]:{ssh_port} {key_type} {key_b64}\n")
-        argv = _qemu_argv(image, tgt, mem, cpus, overlay, console_log, fwd, dtb=dtb)
+        argv = _qemu_argv(image, tgt, mem, cpus, overlay, console_log, fwd, dtb=dtb, cache=cache)
         (run_dir / "qemu.argv").write_text(shlex.join(argv) + "\n")
         stderr_path = run_dir / "qemu.stderr"
         with open(stderr_path, "wb") as err:
@@ -326,6 +392,7 @@ def _start_vm(image: BoardImage, tgt: HilTarget, mem: int, cpus: int, overlay: P
         last = stderr_path.read_text(errors="replace").strip()
         if "hostfwd" not in last and "forwarding" not in last:
             break
+        time.sleep(1.0)
     raise BootError(f"{QEMU} did not start: {last[-800:]}")
 
 

@@ -72,19 +72,21 @@ def host_reference(model: Path, feed: dict[str, np.ndarray]) -> np.ndarray:
 
 
 def make_suite_bundle(out: Path, secret_key: Path, version: str, *, bad_gate: bool = False,
-                      target: str = "generic-arm64") -> Path:
-    """A signed bundle of the suite's model at ``version`` (``bad_gate``: wrong expected outputs)."""
+                      target: str = "generic-arm64", padding: int = 0, name: str = MODEL_NAME) -> Path:
+    """A signed bundle of the suite's model at ``version`` (``bad_gate``: wrong expected outputs;
+    ``padding``: a payload member of that many random bytes, for power cuts during the upload and
+    the extraction); for a Jetson ``target`` the TensorRT form with its engine build plans."""
     model = out.parent / "hilnet.onnx"
     if not model.is_file():
         make_model(model)
     sample = np.random.default_rng(11).standard_normal((4, 3, 16, 16)).astype(np.float32)
-    return make_bundle(out, secret_key, model, MODEL_NAME, version, {"input": sample}, {"logits": 10},
-                       preprocess=PREPROCESS, bad_gate=bad_gate, target=target)
+    return make_bundle(out, secret_key, model, name, version, {"input": sample}, {"logits": 10},
+                       preprocess=PREPROCESS, bad_gate=bad_gate, target=target, padding=padding)
 
 
 def make_bundle(out: Path, secret_key: Path, model: Path, name: str, version: str,
                 sample: dict[str, np.ndarray], outputs: dict[str, int], *, preprocess: dict | None = None,
-                bad_gate: bool = False, target: str = "generic-arm64", max_batch: int = 8) -> Path:
+                bad_gate: bool = False, target: str = "generic-arm64", max_batch: int = 8, padding: int = 0) -> Path:
     """A signed FP32 bundle of any ONNX model with a batch axis, gated on ``sample``.
 
     Args:
@@ -126,5 +128,15 @@ def make_bundle(out: Path, secret_key: Path, model: Path, name: str, version: st
         "sample/inputs.npz": npz(sample),
         "sample/expected.npz": npz(expected),
     }
+    if t.has_gpu:
+        # The TensorRT form: one build plan per TensorRT version of the target, as `package` writes.
+        from cuvil_edge.packager.engine_plan import make_build_plans, plan_member_name
+
+        manifest["build_plans"] = []
+        for plan in make_build_plans(model, manifest, t):
+            members[plan_member_name(plan)] = json.dumps(plan, indent=2).encode()
+            manifest["build_plans"].append({"tensorrt": plan["tensorrt"], "path": plan_member_name(plan)})
+    if padding:
+        members["payload/padding.bin"] = np.random.default_rng(5).bytes(padding)
     write_bundle(out, manifest, members, secret_key)
     return out

@@ -8,11 +8,18 @@ the forwarded port.
 
 ``smoke`` keeps CI short (boot, install, kernels, install-daemon + READY, one deploy, infer ==
 FP32); ``full`` adds the upgrade, reload, failing gate + rollback, watchdog, stop/drain,
-systemd-analyze security, board identity and tegrastats checks.
+systemd-analyze security, board identity and tegrastats checks, and the power cuts;
+``powercut`` is the prerequisites and the power cuts (:data:`CUTS`): QEMU is killed at a named
+point of a deploy, the board boots again from the same disk, and within the confirm deadline it
+must serve a version that passed its gate, whose files verify and which its state file names.
+
+A check that makes the daemon log an ERROR line on purpose declares it (``Check.expected_errors``);
+any other ERROR line of the daemon fails the run (``hil/runner.py``).
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import subprocess
@@ -34,6 +41,7 @@ __all__ = ["CHECKS", "SUITES", "Check", "CheckFailed", "CheckSkipped", "SuiteCon
 UNIT = "cuvil-edged.service"
 DAEMON_PORT = 8000
 DROPIN_DIR = "/etc/systemd/system/cuvil-edged.service.d"
+TRT_MODEL = "hiltrt"  # the TensorRT-form bundle of the Jetson personality's checks
 WATCHDOG_SEC = 10
 REPO = Path(__file__).resolve().parent.parent
 
@@ -54,6 +62,9 @@ class SuiteContext:
     workdir: Path
     info: dict[str, Any] = field(default_factory=dict)
     bundles: dict[str, Path] = field(default_factory=dict)
+    workdir_run: Path | None = None  # the run's evidence folder (journals of each boot go there)
+    expected_errors: list[str] = field(default_factory=list)  # regexes the checks that ran declared
+    journal_errors: list[str] = field(default_factory=list)  # daemon ERROR lines of boots that ended in a cut
     _keys: tuple[Path, Path] | None = None
 
     # ------------------------------------------------------------------ host side
@@ -71,12 +82,15 @@ class SuiteContext:
         args += ["--known-hosts", str(b.known_hosts)] if b.known_hosts else ["--no-host-key-check"]
         return args
 
-    def cli(self, *args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
-        """Runs this tree's ``cuvil-edge`` CLI on the host."""
+    def cli(self, *args: str, timeout: float = 600, env: dict[str, str] | None = None,
+            ) -> subprocess.CompletedProcess[str]:
+        """Runs this tree's ``cuvil-edge`` CLI on the host (``env``: extra environment variables)."""
+        import os
+
         argv = [sys.executable, "-m", "cuvil_edge.cli", *args]
         try:
             return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, cwd=REPO,
-                                  stdin=subprocess.DEVNULL)
+                                  stdin=subprocess.DEVNULL, env={**os.environ, **(env or {})})
         except subprocess.TimeoutExpired:
             raise CheckFailed(f"cuvil-edge {' '.join(args[:2])} did not finish within {timeout:.0f} s") from None
 
@@ -97,6 +111,17 @@ class SuiteContext:
             self.bundles[label] = make_suite_bundle(self.workdir / "bundles" / f"hilnet-{version}.cvb",
                                                     self.keys()[0], version, bad_gate=bad)
         return self.bundles[label]
+
+    def cut_bundle(self, version: str, bad_gate: bool = False, padding: int = 0) -> Path:
+        """A bundle of the suite model at ``version`` for a power cut (``padding`` bytes of payload
+        make the upload and the extraction long enough to cut in the middle)."""
+        key = f"cut-{version}"
+        if key not in self.bundles:
+            from hil.bundles import make_suite_bundle
+
+            self.bundles[key] = make_suite_bundle(self.workdir / "bundles" / f"hilnet-{version}.cvb",
+                                                  self.keys()[0], version, bad_gate=bad_gate, padding=padding)
+        return self.bundles[key]
 
     def deploy(self, label: str) -> tuple[int, dict[str, Any]]:
         """``cuvil-edge deploy`` of a suite bundle; returns (exit code, the device's report entry)."""
@@ -224,16 +249,37 @@ def _write_dropin(ctx: SuiteContext) -> None:
     if ctx.board.emulated:
         # QEMU's port forward arrives on the guest's network (10.0.2.15), not its loopback: listen
         # there and let only the QEMU host (10.0.2.2) in, as the unit's comment says to.
-        lines += ["ExecStart=", "ExecStart=/usr/local/bin/cuvil-edged --store /var/lib/cuvil-edge --host 0.0.0.0 "
-                  f"--port {DAEMON_PORT} --telemetry auto", "IPAddressAllow=10.0.2.2"]
+        # A Jetson personality serves the stand-in builder's engines (labelled; no TensorRT here).
+        standin = " --engine-standin 1" if ctx.board.target.board else ""
+        lines += ["ExecStart=", f"ExecStart={_daemon_exe(ctx)} --store /var/lib/cuvil-edge --host 0.0.0.0 "
+                  f"--port {DAEMON_PORT} --telemetry auto{standin}", "IPAddressAllow=10.0.2.2"]
     ctx.board.ssh(f"mkdir -p {DROPIN_DIR} && cat > {DROPIN_DIR}/hil.conf", input="\n".join(lines) + "\n")
 
 
+VENV = "/opt/cuvil-edge/venv"
+
+
+def _daemon_exe(ctx: SuiteContext) -> str:
+    """Where the daemon runs from: the venv install-daemon makes on a Jetson personality (from wheels
+    the host prepared; the board is offline), the system install elsewhere."""
+    return f"{VENV}/bin/cuvil-edged" if ctx.board.target.board else "/usr/local/bin/cuvil-edged"
+
+
 def check_install_daemon(ctx: SuiteContext) -> dict[str, Any]:
-    """``cuvil-edge install-daemon`` puts the unit in place; systemd starts it and gets READY=1."""
+    """``cuvil-edge install-daemon`` puts the unit in place; systemd starts it and gets READY=1. On a
+    Jetson personality it first installs the project from host-prepared wheels into a venv that
+    sees the system's (apt) TensorRT."""
     _write_dropin(ctx)
     t0 = time.monotonic()
-    res = ctx.cli("install-daemon", *ctx.device_args(), "--json", "--connect-timeout", "30")
+    extra: list[str] = []
+    if ctx.board.target.board:
+        from hil.project import build_wheel
+
+        wheels = ctx.workdir / "board-wheels"
+        build_wheel(wheels)
+        # The image carries the dependencies in the system Python; the venv sees them.
+        extra = ["--wheels", str(wheels), "--no-deps", "--venv", VENV]
+    res = ctx.cli("install-daemon", *ctx.device_args(), "--json", "--connect-timeout", "30", *extra, timeout=1800)
     _expect(res.returncode == 0, f"install-daemon exited {res.returncode}: {(res.stderr or res.stdout).strip()[-600:]}")
     out = json.loads(res.stdout)
     entry = out[0] if isinstance(out, list) else (out.get("devices") or out.get("results") or [out])[0]
@@ -244,8 +290,34 @@ def check_install_daemon(ctx: SuiteContext) -> dict[str, Any]:
     ready_s = round(time.monotonic() - t0, 1)
     enabled = ctx.board.ssh(["systemctl", "is-enabled", UNIT], check=False).stdout.strip()
     _expect(enabled == "enabled", f"{UNIT} is {enabled!r} after install-daemon")
+    groups = _daemon_groups(ctx, state)
+    if ctx.board.target.board:
+        from cuvil_edge.targets import get_target
+        from hil.personality import PERSONALITIES
+
+        board = ctx.board.target.board
+        trt = next(r for r in get_target(board).releases if r.jetpack == PERSONALITIES[board].jetpack).tensorrt
+        _expect(entry.get("exec_start") == f"{VENV}/bin/cuvil-edged",
+                f"install-daemon wrote ExecStart={entry.get('exec_start')}, not the venv's")
+        _expect(entry.get("tensorrt") == trt, f"the venv imports TensorRT {entry.get('tensorrt')!r}, expected the "
+                                             f"system's {trt} (--system-site-packages)")
+        exe = ctx.board.ssh(f"readlink /proc/{state.get('MainPID')}/exe; tr '\\0' ' ' < /proc/{state.get('MainPID')}"
+                            "/cmdline", check=False).stdout
+        _expect(VENV in exe, f"the daemon does not run from the venv: {exe.strip()[:200]}")
+        # L4T: the GPU nodes are root:video, the render node root:render, jtop's socket root:jtop;
+        # install-daemon adds jtop (a drop-in) because this board has the group.
+        missing = {"video", "render", "jtop"} - set(groups)
+        _expect(not missing, f"the daemon runs without group(s) {sorted(missing)} (it has {groups})")
     return {"install": entry.get("status"), "state": f"{state['ActiveState']}/{state['SubState']}",
-            "status_text": state.get("StatusText"), "ready_seconds": ready_s, "enabled": enabled}
+            "status_text": state.get("StatusText"), "ready_seconds": ready_s, "enabled": enabled, "groups": groups}
+
+
+def _daemon_groups(ctx: SuiteContext, state: dict[str, str]) -> list[str]:
+    """The supplementary groups of the daemon's main process, by name."""
+    pid = state.get("MainPID", "0")
+    out = ctx.board.ssh(f"for g in $(sed -n 's/^Groups:\\t*//p' /proc/{pid}/status); do getent group $g | "
+                        "cut -d: -f1; done", check=False).stdout
+    return sorted(out.split())
 
 
 def check_deploy_fresh(ctx: SuiteContext) -> dict[str, Any]:
@@ -339,33 +411,155 @@ def check_identity(ctx: SuiteContext) -> dict[str, Any]:
     _expect('"aarch64"' in text, f"status does not report aarch64: {text[:400]}")
     board = ctx.board.target.board
     if board:
-        _expect(f'"{board}"' in text, f"status does not report profile {board}: {text[:600]}")
-        _expect('"36.4.3"' in text, f"status does not report L4T 36.4.3: {text[:600]}")
+        from cuvil_edge.targets import get_target
+        from hil.personality import PERSONALITIES
+
+        release = next(r for r in get_target(board).releases if r.jetpack == PERSONALITIES[board].jetpack)
+        facts = (json.loads(text)[0] if text.lstrip().startswith("[") else json.loads(text)).get("facts") or {}
+        # The probe's reading of the board: the module from the device tree and RAM, L4T from
+        # nv_tegra_release, TensorRT from the dpkg database (the apt packages dpkg installed).
+        _expect(facts.get("profile") == board, f"status reports profile {facts.get('profile')}, not {board}")
+        _expect((facts.get("l4t"), facts.get("tensorrt")) == (release.l4t, release.tensorrt),
+                f"status reports L4T {facts.get('l4t')} TensorRT {facts.get('tensorrt')}, expected "
+                f"{release.l4t} / {release.tensorrt} (JetPack {release.jetpack})")
     model = ctx.board.ssh("tr -d '\\0' < /proc/device-tree/model", check=False).stdout.strip()
     return {"device_tree_model": model, "profile_expected": board or "generic-arm64"}
 
 
+def _metrics(ctx: SuiteContext) -> str:
+    import urllib.request
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{ctx.board.port(DAEMON_PORT)}/metrics", timeout=60) as r:
+        return str(r.read().decode())
+
+
+def _gauge(text: str, name: str) -> tuple[float | None, str]:
+    """The first sample of a Prometheus gauge: (value, labels)."""
+    m = re.search(rf"^{name}(\{{[^}}]*\}})? ([0-9.eE+-]+)$", text, re.M)
+    return (float(m.group(2)), m.group(1) or "") if m else (None, "")
+
+
 def check_tegrastats(ctx: SuiteContext) -> dict[str, Any]:
-    """The tegrastats telemetry source reads the personality's stand-in at its real interval."""
+    """The daemon's scheduler on the Jetson personality: telemetry from tegrastats, a memory budget
+    that fits the board's RAM, with PSI absent (L4T 36 has no CONFIG_PSI), and the model served."""
     if not ctx.board.target.board:
         raise CheckSkipped("no Jetson personality on this target (use qemu-orin-nano)")
-    code = ("import json, time\n"
-            "from cuvil_edge.telemetry import open_source\n"
-            "src = open_source('tegrastats')\n"
-            "out = []\n"
-            "t0 = time.monotonic()\n"
-            "for s in src:\n"
-            "    out.append({'t': time.monotonic() - t0, 'source': s.source, 'ram_total_mb': s.ram_total_mb})\n"
-            "    if len(out) == 3: break\n"
-            "src.close()\n"
-            "print(json.dumps(out))\n")
-    samples = json.loads(ctx.board.ssh(["python3", "-c", code], timeout=300).stdout.strip().splitlines()[-1])
-    _expect(len(samples) == 3, f"expected 3 samples, got {samples}")
-    _expect(all(s["source"] == "tegrastats" for s in samples), f"not from tegrastats: {samples}")
-    _expect(all(s["ram_total_mb"] for s in samples), f"samples carry no RAM total: {samples}")
-    gap = samples[2]["t"] - samples[1]["t"]
-    _expect(0.5 < gap < 3.0, f"samples {gap:.2f} s apart; tegrastats' interval is 1 s")
-    return {"samples": samples, "interval_s": round(gap, 2)}
+    deadline = time.monotonic() + 120
+    text, source, budget, total = "", "", None, None
+    while time.monotonic() < deadline:
+        text = _metrics(ctx)
+        _up, labels = _gauge(text, "cuvil_telemetry_source_up")
+        source = labels
+        budget, _ = _gauge(text, "cuvil_memory_budget_bytes")
+        total, _ = _gauge(text, "cuvil_memory_total_bytes")
+        if "tegrastats" in source and budget:
+            break
+        time.sleep(2)
+    mem_kb = int(ctx.board.ssh("sed -n 's/^MemTotal: *\\([0-9]*\\) kB/\\1/p' /proc/meminfo").stdout.strip())
+    psi = ctx.board.ssh("test -e /proc/pressure/memory && echo present || echo absent").stdout.strip()
+    if "tegrastats" not in source:
+        journal = ctx.board.ssh(["journalctl", "-u", UNIT, "--no-pager", "-o", "cat"], check=False).stdout
+        why = [ln for ln in journal.splitlines() if "telemetry" in ln.lower()][-4:]
+        raise CheckFailed(f"the daemon's telemetry source is {source!r}, not tegrastats: {why}")
+    _expect(total is not None and abs(total - mem_kb * 1024) < 0.05 * mem_kb * 1024,
+            f"the scheduler's board RAM is {total} bytes, the board has {mem_kb} kB")
+    _expect(budget is not None and budget >= 256 * (1 << 20),
+            f"the scheduler's memory budget is {budget} bytes on a {mem_kb // 1024} MiB board (PSI {psi})")
+    from hil.bundles import MODEL_NAME
+
+    served = ctx.served_version(timeout=60)
+    return {"source": source, "budget_mib": round((budget or 0) / (1 << 20)), "ram_mib": mem_kb // 1024,
+            "psi": psi, "model": MODEL_NAME, "served": served}
+
+
+def _trt_bundle(ctx: SuiteContext) -> Path:
+    """The suite's model in the TensorRT form of the board's profile (build plans, no engine)."""
+    if "trt" not in ctx.bundles:
+        from hil.bundles import make_suite_bundle
+
+        ctx.bundles["trt"] = make_suite_bundle(ctx.workdir / "bundles" / "hiltrt-1.0.0.cvb", ctx.keys()[0], "1.0.0",
+                                               target=str(ctx.board.target.board), name=TRT_MODEL)
+    return ctx.bundles["trt"]
+
+
+def _trt_config(ctx: SuiteContext, timeout: float = 180) -> dict[str, Any]:
+    """``/v2/models/<TRT_MODEL>/config`` once the model is ready."""
+    import urllib.error
+    import urllib.request
+
+    base = f"http://127.0.0.1:{ctx.board.port(DAEMON_PORT)}/v2/models/{TRT_MODEL}"
+    deadline, last = time.monotonic() + timeout, ""
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(base + "/ready", timeout=30) as r:
+                if r.status == 200:
+                    with urllib.request.urlopen(base + "/config", timeout=30) as c:
+                        return dict(json.loads(c.read()))
+        except (urllib.error.URLError, OSError) as exc:
+            last = str(exc)
+        time.sleep(2)
+    raise CheckFailed(f"{TRT_MODEL} not ready within {timeout:.0f} s ({last})")
+
+
+def _restart_daemon(ctx: SuiteContext) -> None:
+    ctx.board.ssh(["systemctl", "daemon-reload"])
+    ctx.board.ssh(["systemctl", "restart", UNIT], timeout=300)
+    ctx.wait_unit("active", "running", timeout=300)
+
+
+def check_l4t_engine(ctx: SuiteContext) -> dict[str, Any]:
+    """A TensorRT-form bundle on the L4T board: deploy serves it with ONNX Runtime, ``engine build
+    --on`` builds its engine on the board (stand-in builder) and the daemon serves it through the
+    engine stand-in, whose CUDA-init stand-in opens every GPU node under the shipped unit; the same
+    unit without ``DeviceAllow=/dev/host1x-fence`` makes CUDA's init fail and the engine fall back."""
+    if not ctx.board.target.board:
+        raise CheckSkipped("no Jetson personality on this target (use qemu-orin-nano)")
+    bundle = _trt_bundle(ctx)
+    res = ctx.cli("deploy", str(bundle), *ctx.device_args(), "--pub", str(ctx.keys()[1]), "--health-timeout", "240",
+                  "--confirm-deadline", "300", "--connect-timeout", "30", "--json")
+    _expect(res.returncode == 0, f"deploy of the TensorRT-form bundle exited {res.returncode}: "
+                                 f"{(res.stderr or res.stdout).strip()[-600:]}")
+    before = _trt_config(ctx)
+    _expect(before.get("backend") == "onnxruntime", f"before any engine the daemon serves {before.get('backend')}")
+    b = ctx.board
+    args = ["engine", "build", "--on", f"{b.user}@{b.host}:{b.ssh_port}", "--pub", str(ctx.keys()[1]),
+            "--builder", "standin", "--daemon-port", str(DAEMON_PORT), "--json"]
+    args += ["--identity", str(b.key)] if b.key is not None else []
+    args += ["--known-hosts", str(b.known_hosts)] if b.known_hosts is not None else []
+    built = ctx.cli(*args, str(bundle), timeout=900, env={"CUVIL_EDGE_ENGINE_CACHE": str(ctx.workdir / "engines")})
+    _expect(built.returncode == 0, f"engine build --on exited {built.returncode}: "
+                                   f"{(built.stderr or built.stdout).strip()[-800:]}")
+    outcome = json.loads(built.stdout)[0]
+    _expect(outcome.get("status") == "built" and outcome.get("reloaded"), f"engine build --on: {outcome}")
+    served = _trt_config(ctx)
+    _expect(served.get("backend") == "tensorrt-standin",
+            f"after the build the daemon serves {served.get('backend')}: {served.get('engine')}")
+    from cuvil_edge.runtime.cuda_standin import L4T36_CUDA_NODES
+
+    journal = b.ssh(["journalctl", "-u", UNIT, "--no-pager", "-o", "cat"], check=False).stdout
+    opened = [ln for ln in journal.splitlines() if "CUDA-init STAND-IN opened" in ln]
+    _expect(bool(opened) and all(n in opened[-1] for n in L4T36_CUDA_NODES),
+            f"the daemon did not open every GPU node under the unit: {opened[-1:] or 'no CUDA-init line'}")
+    # Negative: the same unit without host1x-fence (the unit before #23) must make this check fail.
+    from cuvil_edge.deploy.install import default_unit
+
+    allow = [ln for ln in default_unit().decode().splitlines()
+             if ln.startswith("DeviceAllow=") and "host1x-fence" not in ln]
+    dropin = f"{DROPIN_DIR}/zz-no-host1x-fence.conf"
+    b.ssh(f"cat > {dropin}", input="[Service]\nDeviceAllow=\n" + "\n".join(allow) + "\n")
+    try:
+        _restart_daemon(ctx)
+        refused = _trt_config(ctx)
+    finally:
+        b.ssh(["rm", "-f", dropin])
+        _restart_daemon(ctx)
+    reason = str((refused.get("engine") or {}).get("reason", ""))
+    _expect(refused.get("backend") == "onnxruntime" and "host1x-fence" in reason,
+            f"without DeviceAllow=/dev/host1x-fence the daemon served {refused.get('backend')} ({reason[:300]})")
+    again = _trt_config(ctx)
+    _expect(again.get("backend") == "tensorrt-standin", f"with the shipped unit back: {again.get('backend')}")
+    return {"engine_key": served.get("engine_key"), "build_seconds": outcome.get("seconds"),
+            "opened": opened[-1].split("opened", 1)[1].split(), "without_host1x_fence": reason[:200]}
 
 
 def check_deploy_upgrade(ctx: SuiteContext) -> dict[str, Any]:
@@ -500,11 +694,200 @@ def check_stop_drains(ctx: SuiteContext) -> dict[str, Any]:
             "connection_errors_after_close": len(stats["errors"])}
 
 
+# ---------------------------------------------------------------------- power cuts
+
+STORE = "/var/lib/cuvil-edge"
+PAUSE_DIR = "/run/cuvil-hil-pause"  # tmpfs: a boot after a cut never finds a pause flag
+CUT_HEALTH_TIMEOUT = 90
+CUT_DEADLINE = 150  # the confirm deadline of the cut deploys: the board must be right within it
+
+
+@dataclass(frozen=True)
+class Cut:
+    """One power cut: where (a pause point of the device step, or a moment the rig times), what runs."""
+
+    name: str
+    where: str
+    action: str  # deploy | deploy-bad | rollback | reload | upload | deployed
+    step: str | None = None  # the device step's pause point (``_test_hooks.pause``)
+    padding: int = 0
+    expect_new: bool = False  # the new version must serve after the cut (it was confirmed before it)
+    expected_errors: tuple[str, ...] = ()
+
+
+CUTS: tuple[Cut, ...] = (
+    Cut("upload", "during the upload: the board's sftp-server frozen with a partial .part on disk",
+        "upload", padding=24 << 20),
+    Cut("extract", "during extract: tar wrote every file, none fsynced yet", "deploy", "extract", padding=8 << 20),
+    Cut("before-switch", "between extract and switch: version installed, pending recorded, current not switched",
+        "deploy", "before-switch"),
+    Cut("after-switch", "after the switch: current names the new version, not yet gated", "deploy", "after-switch"),
+    Cut("gate", "during the health gate: the daemon serves the new version, unconfirmed", "deploy", "gate"),
+    Cut("gate-failing", "during the health gate of a bundle whose gate fails", "deploy-bad", "gate"),
+    Cut("outcome", "while the outcome is written: the new state file fsynced, not yet renamed", "deploy",
+        "outcome"),
+    Cut("outcome-failing", "while a rolled-back outcome is written (current already switched back)", "deploy-bad",
+        "outcome"),
+    Cut("prune", "during a prune: an old version moved out of bundles/, its files not yet deleted", "deploy",
+        "prune"),
+    Cut("deployed", "just after a deploy confirmed (its outcome on disk)", "deployed", expect_new=True),
+    Cut("rollback", "after the switch of `cuvil-edge rollback`, before its gate", "rollback", "after-switch"),
+    Cut("reload", "during a daemon reload (systemctl reload, SIGHUP)", "reload"),
+)
+
+
+def _device_tool(ctx: SuiteContext) -> str:
+    """``cuvil-edge-device`` beside the unit's ``cuvil-edged`` (``/usr/local/bin`` or a venv's ``bin``)."""
+    if "device_tool" not in ctx.info:
+        out = ctx.board.ssh(["systemctl", "show", "-p", "ExecStart", "--value", UNIT], check=False).stdout
+        m = re.search(r"path=(\S+?)/cuvil-edged\b", out) or re.search(r"(\S+?)/cuvil-edged\b", out)
+        ctx.info["device_tool"] = f"{m.group(1) if m else '/usr/local/bin'}/cuvil-edge-device"
+    return str(ctx.info["device_tool"])
+
+
+def _store_json(ctx: SuiteContext, *args: str) -> dict[str, Any]:
+    from hil.bundles import MODEL_NAME
+
+    res = ctx.board.ssh([_device_tool(ctx), *args, "--store", STORE, "--name", MODEL_NAME], check=False,
+                        timeout=300)
+    lines = [ln for ln in res.stdout.splitlines() if ln.startswith("{")]
+    if not lines:
+        raise CheckFailed(f"cuvil-edge-device {args[0]} printed no JSON (exit {res.returncode}): "
+                          f"{(res.stderr or res.stdout).strip()[-400:]}")
+    return dict(json.loads(lines[-1]))
+
+
+def _prepare_cuts(ctx: SuiteContext) -> None:
+    """Once per boot: the pause hook's variable for root's SSH sessions (pam_env reads
+    /etc/environment), so only the deploy step of this rig's sessions can pause; the daemon's unit
+    never sees it."""
+    ctx.board.ssh(f"grep -q CUVIL_EDGE_TEST_PAUSE_DIR /etc/environment || "
+                  f"echo CUVIL_EDGE_TEST_PAUSE_DIR={PAUSE_DIR} >> /etc/environment; mkdir -p {PAUSE_DIR}")
+    seen = ctx.board.ssh("echo $CUVIL_EDGE_TEST_PAUSE_DIR").stdout.strip()
+    _expect(seen == PAUSE_DIR, f"root's SSH sessions do not get the pause hook's variable from /etc/environment "
+                               f"(got {seen!r}): the cuts could not land at their points")
+
+
+def _wait_board(ctx: SuiteContext, test: str, timeout: float, what: str, proc: subprocess.Popen[str] | None) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if ctx.board.ssh(test, check=False, timeout=60).returncode == 0:
+            return
+        if proc is not None and proc.poll() is not None:
+            out = proc.stdout.read() if proc.stdout else ""
+            raise CheckFailed(f"the host's command ended (exit {proc.returncode}) before {what}: {out[-600:]}")
+        time.sleep(0.3)
+    raise CheckFailed(f"{what} did not happen within {timeout:.0f} s")
+
+
+def _host_cmd(ctx: SuiteContext, cut: Cut, version: str, report: Path) -> list[str]:
+    from hil.bundles import MODEL_NAME
+
+    common = [*ctx.device_args(), "--health-timeout", str(CUT_HEALTH_TIMEOUT), "--confirm-deadline",
+              str(CUT_DEADLINE), "--connect-timeout", "30", "--json"]
+    if cut.action == "rollback":
+        return [sys.executable, "-m", "cuvil_edge.cli", "rollback", MODEL_NAME, *common]
+    bundle = ctx.cut_bundle(version, bad_gate=cut.action == "deploy-bad", padding=cut.padding)
+    return [sys.executable, "-m", "cuvil_edge.cli", "deploy", str(bundle), "--pub", str(ctx.keys()[1]),
+            "--report", str(report), *common]
+
+
+def check_power_cut(ctx: SuiteContext, cut: Cut) -> dict[str, Any]:
+    """Cut the power at ``cut``, boot from the same disk: the board serves a gated, verified version."""
+    b = ctx.board
+    if not b.emulated:
+        raise CheckSkipped("power cuts need the emulated board (SIGKILL of QEMU)")
+    _prepare_cuts(ctx)
+    n = CUTS.index(cut)
+    version = f"1.{20 + n}.0"
+    before = ctx.served_version()
+    report = ctx.workdir / f"cut-{cut.name}.json"
+    b.ssh(f"rm -f {PAUSE_DIR}/*; " + (f"touch {PAUSE_DIR}/{cut.step}.pause" if cut.step else "true"))
+    proc = None
+    observed = ""
+    if cut.action == "reload":
+        b.ssh(["systemctl", "reload", UNIT])
+        time.sleep(0.3)
+        observed = "systemctl reload returned; the daemon re-reads the store"
+    else:
+        argv = _host_cmd(ctx, cut, version, report)
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO,
+                                stdin=subprocess.DEVNULL)
+        if cut.action == "upload":
+            # Freeze the board's SFTP server as soon as a partial upload is on disk.
+            watch = (f"while ! ls {STORE}/deploy/uploads/*.part >/dev/null 2>&1; do sleep 0.05; done; "
+                     "kill -STOP $(pgrep -n sftp-server); sleep 0.5; "
+                     f"stat -c %s {STORE}/deploy/uploads/*.part")
+            out = b.ssh(["timeout", "300", "sh", "-c", watch], check=False, timeout=330)
+            if out.returncode != 0:
+                raise CheckFailed(f"no partial upload appeared on the board: {out.stderr[-300:]}")
+            observed = f"partial upload of {out.stdout.strip()} bytes on disk"
+        elif cut.action == "deployed":
+            try:
+                proc.wait(600)
+            except subprocess.TimeoutExpired:
+                raise CheckFailed("the deploy did not finish within 600 s") from None
+            observed = f"deploy exited {proc.returncode}"
+        else:
+            _wait_board(ctx, f"test -e {PAUSE_DIR}/{cut.step}.reached", 600, f"the device step reaching {cut.step}",
+                        proc)
+            observed = f"device step paused at {cut.step}"
+    current_at_cut = b.ssh(f"readlink {STORE}/bundles/hilnet/current", check=False).stdout.strip()
+    if ctx.workdir_run is not None:
+        from hil.runner import board_journal
+
+        (ctx.workdir_run / f"journal-boot{b.power_cuts}.txt").write_text(board_journal(b))
+    from hil.runner import daemon_error_lines
+
+    ctx.journal_errors.extend(daemon_error_lines(b))
+    b.power_cut()
+    t_cut = time.monotonic()
+    boot_s = b.power_on()
+    state = ctx.wait_unit("active", "running", timeout=600)
+    served = ctx.served_version(timeout=300)
+    seconds_to_serve = round(time.monotonic() - t_cut, 1)
+    verify = _store_json(ctx, "verify")
+    host: dict[str, Any] = {}
+    if proc is not None:
+        try:
+            proc.wait(CUT_DEADLINE + 90)
+        except subprocess.TimeoutExpired:
+            proc.kill()  # our own child; its result no longer matters
+            proc.wait(30)
+            host["note"] = "the host's command was still reconnecting; stopped"
+        host["exit"] = proc.returncode
+        if report.is_file():
+            data = json.loads(report.read_text())
+            entry = (data.get("devices") or data.get("results") or [{}])[0]
+            host.update({k: entry.get(k) for k in ("status", "stage", "version", "serving", "reason")})
+    details = {"where": cut.where, "observed": observed, "current_at_cut": current_at_cut, "before": before,
+               "new": version if cut.action not in ("reload", "rollback") else None, "served_after": served,
+               "boot_seconds": boot_s, "seconds_cut_to_serving": seconds_to_serve,
+               "unit": f"{state.get('ActiveState')}/{state.get('SubState')}",
+               "state_file": {k: verify.get(k) for k in ("version", "files_ok", "healthy", "pending", "reason")},
+               "host": host}
+    want = version if cut.expect_new else before
+    _expect(served == want, f"after the cut {cut.where!r} the board serves {served}, expected {want}: {details}")
+    _expect(verify.get("version") == served, f"current names {verify.get('version')}, the daemon serves {served}")
+    _expect(bool(verify.get("files_ok")), f"{served}'s files do not verify: {verify.get('reason')}")
+    _expect(bool(verify.get("healthy")) and not verify.get("pending"),
+            f"the state file does not name {served} healthy with nothing pending: {verify}")
+    _expect(seconds_to_serve < CUT_DEADLINE + boot_s,
+            f"{seconds_to_serve} s from the cut to serving, past the {CUT_DEADLINE} s deadline after the boot")
+    if host.get("status") == "deployed":
+        _expect(served == version, f"the host reported deployed {version}, the board serves {served}")
+    elif host.get("status") == "rolled-back":
+        _expect(served != version, f"the host reported rolled-back, the board serves {version}")
+    return details
+
+
 @dataclass(frozen=True)
 class Check:
     name: str
     fn: Callable[[SuiteContext], dict[str, Any]]
     smoke: bool
+    expected_errors: tuple[str, ...] = ()  # regexes of daemon ERROR lines this check causes on purpose
+    powercut: bool = False  # part of the powercut suite (and of full)
 
 
 CHECKS: tuple[Check, ...] = (
@@ -517,22 +900,30 @@ CHECKS: tuple[Check, ...] = (
     Check("top_over_ssh", check_top_over_ssh, True),
     Check("board_identity", check_identity, False),
     Check("tegrastats_standin", check_tegrastats, False),
+    Check("l4t_engine_gpu_nodes", check_l4t_engine, False),
     Check("deploy_upgrade", check_deploy_upgrade, False),
     Check("reload_swap", check_reload_swap, False),
     Check("deploy_failing_gate_rollback", check_deploy_rollback, False),
     Check("security_exposure", check_security, False),
-    Check("watchdog_restart", check_watchdog, False),
+    Check("watchdog_restart", check_watchdog, False,
+          expected_errors=(r"debug fault hook: SIGUSR2 received, stalling the event loop",)),
     Check("stop_drains", check_stop_drains, False),
+    *(Check(f"powercut[{c.name}]", functools.partial(check_power_cut, cut=c), False,
+            expected_errors=c.expected_errors, powercut=True) for c in CUTS),
 )
-SUITES = ("smoke", "full", "boot")
+SUITES = ("smoke", "full", "powercut", "boot")
+# The powercut suite's prerequisites: a board with the daemon installed and one version deployed.
+POWERCUT_BASE = ("boot", "install_project", "install_daemon_ready", "deploy_fresh")
 
 
 def checks_for(suite: str) -> list[Check]:
-    """The checks of ``smoke``, ``full`` or ``boot`` (boot only: the fallback proof), in order."""
+    """The checks of ``smoke``, ``full``, ``powercut`` or ``boot`` (boot only: the fallback proof), in order."""
     if suite == "full":
         return list(CHECKS)
     if suite == "smoke":
         return [c for c in CHECKS if c.smoke]
+    if suite == "powercut":
+        return [c for c in CHECKS if c.name in POWERCUT_BASE or c.powercut]
     if suite == "boot":
         return [CHECKS[0]]
     raise HilError(f"unknown suite '{suite}'; use {', '.join(SUITES)}")

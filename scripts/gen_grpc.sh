@@ -2,7 +2,8 @@
 # Regenerate cuvil_edge/daemon/proto/*_pb2.py and grpc_service_pb2_grpc.py from the .proto files.
 #
 # Needs grpcio-tools (dev extra) whose bundled protoc matches the protobuf major version the
-# daemon depends on (grpcio-tools 1.76 ships protoc 31.1 = protobuf 6.31 gencode).
+# daemon depends on (grpcio-tools 1.76 ships protoc 31.1 = protobuf 6.31 gencode), and mypy-protobuf
+# (dev extra) for the .pyi stubs that let mypy check the daemon's use of the messages.
 # Edits after protoc:
 #   * relative imports, so the modules live inside the package;
 #   * a private descriptor pool (proto/_pool.py): our messages share Triton's names
@@ -12,10 +13,13 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=cuvil_edge/daemon/proto
-python -m grpc_tools.protoc -I "$out" --python_out="$out" --grpc_python_out="$out" \
+# protoc finds mypy-protobuf's plugins (protoc-gen-mypy, protoc-gen-mypy_grpc) on PATH.
+PATH="$(dirname "$(command -v python)"):$PATH" python -m grpc_tools.protoc -I "$out" --python_out="$out" \
+  --grpc_python_out="$out" --mypy_out="$out" --mypy_grpc_out="$out" \
   "$out/model_config.proto" "$out/grpc_service.proto"
-rm -f "$out/model_config_pb2_grpc.py"
-for f in "$out/model_config_pb2.py" "$out/grpc_service_pb2.py" "$out/grpc_service_pb2_grpc.py"; do
+rm -f "$out/model_config_pb2_grpc.py" "$out/model_config_pb2_grpc.pyi"
+for f in "$out/model_config_pb2.py" "$out/grpc_service_pb2.py" "$out/grpc_service_pb2_grpc.py" \
+         "$out/model_config_pb2.pyi" "$out/grpc_service_pb2.pyi" "$out/grpc_service_pb2_grpc.pyi"; do
   sed -i \
     -e 's/^import model_config_pb2 as /from . import model_config_pb2 as /' \
     -e 's/^import grpc_service_pb2 as /from . import grpc_service_pb2 as /' \
@@ -26,11 +30,11 @@ for f in "$out/model_config_pb2.py" "$out/grpc_service_pb2.py" "$out/grpc_servic
 done
 # Keep only the client stub: the daemon registers its own handlers (grpc_server.py), so the
 # generated servicer base class (every method `raise NotImplementedError`) would ship unused.
-python - "$out/grpc_service_pb2_grpc.py" <<'PY'
+python - "$out/grpc_service_pb2_grpc.py" "$out/grpc_service_pb2_grpc.pyi" <<'PY'
 import sys
-path = sys.argv[1]
-text = open(path).read()
-cut = text.index("class GRPCInferenceServiceServicer(")
-open(path, "w").write(text[:cut].rstrip() + "\n")
+for path in sys.argv[1:]:
+    text = open(path).read()
+    cut = text.index("class GRPCInferenceServiceServicer")
+    open(path, "w").write(text[:cut].rstrip() + "\n")
 PY
-echo "generated: $(ls $out/*_pb2*.py | tr '\n' ' ')"
+echo "generated: $(ls $out/*_pb2*.py $out/*_pb2*.pyi | tr '\n' ' ')"

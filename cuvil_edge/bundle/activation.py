@@ -31,36 +31,60 @@ import contextlib
 import datetime as _dt
 import fcntl
 import json
+import logging
+import math
 import os
+import shutil
+import stat
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from cuvil_edge._atomic import fsync_dir
 from cuvil_edge.bundle import layout as _layout
-from cuvil_edge.bundle.layout import StoreLayout, fsync_dir
+from cuvil_edge.bundle.layout import StoreLayout
 from cuvil_edge.bundle.names import is_safe_component
 
 __all__ = [
     "DEFAULT_DEADLINE_S",
+    "MAX_STATE_BYTES",
+    "Recovered",
     "Reverted",
+    "StateFileError",
     "boot_id",
+    "can_write_state",
     "current_version",
+    "expired_pending",
     "expired_reason",
     "now_iso",
+    "parse_state",
     "quarantine_version",
     "read_state",
+    "recover_store",
     "remove_current",
     "revert_expired",
     "revert_pending",
     "state_lock",
     "state_path",
     "switch_current",
+    "validate_state",
+    "verify_version",
     "write_state",
 ]
 
+log = logging.getLogger("cuvil_edge.deploy.state")
+
 DEFAULT_DEADLINE_S = 120.0
 MAX_EVENTS = 50
+# A state file holds a few records and at most MAX_EVENTS events: a few KiB. Anything past this
+# is not ours (or a disk error) and is never read, so a huge file costs one stat.
+MAX_STATE_BYTES = 1 << 20
+MAX_STATE_DEPTH = 6  # object nesting of a valid file: state > versions > record > field
+
+
+class StateFileError(ValueError):
+    """A state file that is too big, not JSON, or whose fields have the wrong types (the message names the field)."""
 
 
 def now_iso(ts: float | None = None) -> str:
@@ -85,22 +109,157 @@ def empty_state(name: str) -> dict[str, Any]:
     return {"name": name, "previous": None, "versions": {}, "events": [], "pending": None, "outcome": None}
 
 
-def read_state(store: str | os.PathLike[str], name: str) -> dict[str, Any]:
-    """The state of ``name``; an empty one when the file is missing, a rebuilt one when it is unreadable."""
-    try:
-        with open(state_path(store, name), "rb") as f:
-            state = json.loads(f.read())
-        if not isinstance(state, dict):
-            raise ValueError("not an object")
-    except FileNotFoundError:
-        return empty_state(name)
-    except (OSError, ValueError):
-        state = empty_state(name)
-        state["notes"] = ["state file unreadable; rebuilt"]
-        return state
+def _depth(value: Any, limit: int, level: int = 1) -> None:
+    if level > limit:
+        raise StateFileError(f"nested deeper than {limit} levels")
+    if isinstance(value, dict):
+        for v in value.values():
+            _depth(v, limit, level + 1)
+    elif isinstance(value, list):
+        for v in value:
+            _depth(v, limit, level + 1)
+
+
+def _version_field(data: dict[str, Any], key: str, where: str) -> None:
+    value = data.get(key)
+    if value is not None and not (isinstance(value, str) and is_safe_component(value)):
+        raise StateFileError(f"field '{where}{key}' must be a plain version name or null, got {value!r:.60}")
+
+
+def _number(data: dict[str, Any], key: str, where: str) -> None:
+    value = data.get(key)
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
+        raise StateFileError(f"field '{where}{key}' must be a finite number, got {value!r:.60}")
+
+
+def validate_state(data: Any, name: str) -> dict[str, Any]:
+    """``data`` (a parsed state file of ``name``) when every field the rules read has its type.
+
+    Checked before anything acts on it: a pending version of ``"../.."`` or a ``"pending": "yes"``
+    must not reach a path or a revert (issue 26, finding 7).
+
+    Raises:
+        StateFileError: the first field of the wrong type, named.
+    """
+    if not isinstance(data, dict):
+        raise StateFileError(f"not a JSON object but {type(data).__name__}")
+    _depth(data, MAX_STATE_DEPTH)
     for key, default in empty_state(name).items():
-        state.setdefault(key, default)
-    return state
+        data.setdefault(key, default)
+    if data["name"] != name:
+        raise StateFileError(f"field 'name' is {data['name']!r:.60}, expected {name!r}")
+    _version_field(data, "previous", "")
+    versions = data["versions"]
+    if not isinstance(versions, dict):
+        raise StateFileError(f"field 'versions' must be an object, got {type(versions).__name__}")
+    for v, rec in versions.items():
+        if not is_safe_component(v) or not isinstance(rec, dict):
+            raise StateFileError(f"field 'versions.{v:.60}' must be a plain version name holding an object")
+        if not isinstance(rec.get("healthy", False), bool):
+            raise StateFileError(f"field 'versions.{v}.healthy' must be true or false")
+    if not isinstance(data["events"], list) or not all(isinstance(e, dict) for e in data["events"]):
+        raise StateFileError("field 'events' must be a list of objects")
+    pending = data["pending"]
+    if pending is not None:
+        if not isinstance(pending, dict):
+            raise StateFileError(f"field 'pending' must be an object or null, got {type(pending).__name__}")
+        if not (isinstance(pending.get("version"), str) and is_safe_component(pending["version"])):
+            raise StateFileError(f"field 'pending.version' must be a plain version name, "
+                                 f"got {pending.get('version')!r:.60}")
+        _version_field(pending, "previous", "pending.")
+        _number(pending, "deadline", "pending.")
+        if not isinstance(pending.get("txn"), str):
+            raise StateFileError("field 'pending.txn' must be a string")
+        if pending.get("boot_id") is not None and not isinstance(pending["boot_id"], str):
+            raise StateFileError("field 'pending.boot_id' must be a string or null")
+    outcome = data["outcome"]
+    if outcome is not None and not isinstance(outcome, dict):
+        raise StateFileError(f"field 'outcome' must be an object or null, got {type(outcome).__name__}")
+    return data
+
+
+_WARNED: set[tuple[str, int, int]] = set()
+
+
+def _warn_once(path: str, st: os.stat_result | None, message: str) -> None:
+    key = (path, st.st_mtime_ns if st else 0, st.st_size if st else 0)
+    if key not in _WARNED:
+        _WARNED.add(key)
+        log.warning("%s", message)
+
+
+def _quarantine_state_file(store: str | os.PathLike[str], path: str) -> str | None:
+    """Move a bad state file aside (``deploy/quarantine/.state/<file>.<unix>``); None when we may not."""
+    layout = StoreLayout.of(store)
+    dest_dir = os.path.join(layout.deploy_dir, "quarantine", ".state")
+    dest = os.path.join(dest_dir, f"{os.path.basename(path)}.{int(time.time())}-{os.urandom(3).hex()}")
+    try:
+        os.makedirs(dest_dir, exist_ok=True)
+        os.replace(path, dest)
+        fsync_dir(os.path.dirname(path))
+    except OSError:
+        return None
+    return dest
+
+
+def _load_state_file(path: str, name: str) -> tuple[dict[str, Any] | None, os.stat_result | None]:
+    """The validated state at ``path`` (None when missing) and its stat.
+
+    Raises:
+        StateFileError: too big, not UTF-8 JSON, too deep, or fields of the wrong type.
+        OSError: it cannot be read.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except FileNotFoundError:
+        return None, None
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(f.fileno())
+        if not stat.S_ISREG(st.st_mode):
+            raise StateFileError("not a regular file")
+        if st.st_size > MAX_STATE_BYTES:
+            raise StateFileError(f"{st.st_size} bytes, more than the {MAX_STATE_BYTES} a state file may hold")
+        raw = f.read(MAX_STATE_BYTES + 1)
+    return parse_state(raw, name), st
+
+
+def parse_state(raw: bytes, name: str) -> dict[str, Any]:
+    """The validated state of ``name`` in ``raw`` (a state file's bytes).
+
+    Raises:
+        StateFileError: too big, not JSON, too deep, or fields of the wrong type; nothing else.
+    """
+    if len(raw) > MAX_STATE_BYTES:
+        raise StateFileError(f"more than the {MAX_STATE_BYTES} bytes a state file may hold")
+    try:
+        data = json.loads(raw)
+    except (ValueError, RecursionError) as exc:
+        raise StateFileError(f"not JSON ({str(exc)[:80]})") from None
+    return validate_state(data, name)
+
+
+def read_state(store: str | os.PathLike[str], name: str) -> dict[str, Any]:
+    """The state of ``name``; an empty one when the file is missing, a rebuilt one when it is unreadable.
+
+    A file that is too big, not JSON or has fields of the wrong type (:func:`validate_state`) is
+    never acted on: it is moved to ``deploy/quarantine/.state/`` where this process may write (the
+    root device step; the daemon of a stock install may not) and logged once; the state read is
+    a rebuilt empty one carrying a note.
+    """
+    path = state_path(store, name)
+    try:
+        state, _ = _load_state_file(path, name)
+    except (OSError, StateFileError) as exc:
+        st = None
+        with contextlib.suppress(OSError):
+            st = os.stat(path)
+        moved = _quarantine_state_file(store, path) if isinstance(exc, StateFileError) else None
+        where = f"; moved to {moved}" if moved else ""
+        _warn_once(path, st, f"deploy state file {path} ignored: {exc}{where}")
+        state = empty_state(name)
+        state["notes"] = [f"state file unreadable ({str(exc)[:120]}); rebuilt{where}"]
+        return state
+    return state if state is not None else empty_state(name)
 
 
 def write_state(store: str | os.PathLike[str], name: str, state: dict[str, Any],
@@ -199,13 +358,16 @@ def revert_pending(store: str | os.PathLike[str], name: str, state: dict[str, An
                    by: str) -> dict[str, Any]:
     """Undo ``state['pending']`` on disk and in ``state`` (the caller holds :func:`state_lock` and writes).
 
+    ``state`` was validated (:func:`read_state`): the versions it names are plain names, so
+    nothing here raises half-way for a field of the wrong type.
+
     Returns:
         dict: the outcome recorded (status ``reverted``).
     """
     pending = state.get("pending") or {}
     version, previous = pending.get("version"), pending.get("previous")
     current = current_version(store, name)
-    if previous and is_safe_component(previous) and os.path.isfile(StoreLayout.of(store).manifest_path(name, previous)):
+    if previous and os.path.isfile(StoreLayout.of(store).manifest_path(name, previous)):
         if current != previous:
             switch_current(store, name, previous)
         done = f"current back to {previous}"
@@ -237,20 +399,51 @@ class Reverted:
     reason: str
 
 
+def can_write_state(store: str | os.PathLike[str]) -> bool:
+    """Whether this process may change the store's deploy state (the state directory and its lock).
+
+    On a stock install the daemon runs as the unit's dynamic user and may not: root owns the
+    revert there (the unit's ``ExecStartPre=+`` and the deploy step's revert timer; docs/deploy.md).
+    """
+    layout = StoreLayout.of(store)
+    if not os.access(layout.state_dir, os.W_OK | os.X_OK):
+        return False
+    return not os.path.exists(layout.state_lock_path) or os.access(layout.state_lock_path, os.R_OK | os.W_OK)
+
+
+def _state_names(store: str | os.PathLike[str]) -> list[str]:
+    layout = StoreLayout.of(store)
+    try:
+        return layout.state_names(os.listdir(layout.state_dir))
+    except OSError:
+        return []
+
+
+def expired_pending(store: str | os.PathLike[str], now: float | None = None) -> list[tuple[str, str]]:
+    """``(name, reason)`` of every pending switch past its deadline; reads only (the daemon's view)."""
+    this_boot = boot_id()
+    due = []
+    for name in _state_names(store):
+        pending = read_state(store, name).get("pending")
+        if pending:
+            reason = expired_reason(pending, now, this_boot)
+            if reason is not None:
+                due.append((name, reason))
+    return due
+
+
 def revert_expired(store: str | os.PathLike[str], by: str = "cuvil-edged", now: float | None = None
                    ) -> list[Reverted]:
     """Revert every pending switch of the store whose deadline passed (or whose boot is over).
 
     Cheap when nothing is pending: one directory listing and a read of each small state file.
+
+    Raises:
+        OSError: the state lock or a state file cannot be written (the caller may not write the store).
     """
-    layout = StoreLayout.of(store)
-    try:
-        names = layout.state_names(os.listdir(layout.state_dir))
-    except OSError:
-        return []
     this_boot = boot_id()
     done: list[Reverted] = []
-    for name in names:
+    for name in _state_names(store):
         if not read_state(store, name).get("pending"):
             continue
         with state_lock(store):
@@ -265,3 +458,144 @@ def revert_expired(store: str | os.PathLike[str], by: str = "cuvil-edged", now: 
             write_state(store, name, state)
         done.append(Reverted(name, outcome["version"], outcome["previous"], outcome["reason"]))
     return done
+
+
+@dataclass
+class Recovered:
+    """What :func:`recover_store` changed."""
+
+    reverted: list[Reverted] = field(default_factory=list)
+    quarantined: list[str] = field(default_factory=list)  # "<name> <version>: why"
+    repointed: list[str] = field(default_factory=list)  # "<name>: current a -> b"
+
+    @property
+    def changed(self) -> bool:
+        return bool(self.reverted or self.quarantined or self.repointed)
+
+    def lines(self) -> list[str]:
+        return ([f"reverted unconfirmed switch of {r.name} {r.version}: {r.reason}" for r in self.reverted]
+                + [f"quarantined {q}" for q in self.quarantined] + [f"repointed {p}" for p in self.repointed])
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _verify_version(layout: StoreLayout, name: str, version: str) -> str | None:
+    """Why the files of ``name`` ``version`` fail verification against its manifest, or None.
+
+    Only what the bytes say: ``manifest.json`` must be a JSON object and every file its ``files``
+    list names must be there with its sha256 (a 0-byte manifest or member is what a power cut
+    leaves of files renamed into place before they were fsynced). Whether the manifest has what
+    serving needs is the daemon's parser's business, not a reason to move a version away.
+    """
+    import hashlib
+
+    vdir = layout.version_dir(name, version)
+    try:
+        with open(os.path.join(vdir, _layout.MANIFEST_FILE), "rb") as f:
+            raw = f.read(16 << 20)
+        manifest = json.loads(raw)
+        files = manifest.get("files") if isinstance(manifest, dict) else None
+        if not isinstance(files, list):
+            return f"{_layout.MANIFEST_FILE} ({len(raw)} bytes) is not a manifest"
+        for entry in files:
+            rel = entry.get("path") if isinstance(entry, dict) else None
+            want = entry.get("sha256") if isinstance(entry, dict) else None
+            if not isinstance(rel, str) or not isinstance(want, str) or rel.startswith("/") or \
+                    ".." in rel.split("/"):
+                return f"{_layout.MANIFEST_FILE} lists a malformed file entry"
+            path = os.path.join(vdir, rel)
+            if os.path.islink(path) or not os.path.isfile(path):
+                return f"{rel} is missing"
+            digest = hashlib.sha256()
+            with open(path, "rb") as f:
+                for block in iter(lambda: f.read(1 << 20), b""):  # noqa: B023 - f is this iteration's
+                    digest.update(block)
+            if digest.hexdigest() != want:
+                return f"{rel} does not match its sha256 ({os.path.getsize(path)} bytes)"
+    except (OSError, ValueError, RecursionError) as exc:
+        return f"{_layout.MANIFEST_FILE}: {str(exc)[:200]}"
+    return None
+
+
+def verify_version(store: str | os.PathLike[str], name: str, version: str) -> str | None:
+    """Why the files of ``name`` ``version`` in ``store`` fail verification, or None (they match)."""
+    return _verify_version(StoreLayout.of(store), name, version)
+
+
+def _quarantine_corrupt(layout: StoreLayout, name: str, version: str) -> None:
+    """Move a version whose files fail verification to ``deploy/quarantine/.corrupt/<name>/<version>``:
+    out of the daemon's sight, kept for a look, never restored by a later deploy (that sends it again)."""
+    dest = os.path.join(layout.deploy_dir, "quarantine", ".corrupt", name, version)
+    shutil.rmtree(dest, ignore_errors=True)
+    os.makedirs(os.path.dirname(dest), exist_ok=True)
+    os.rename(layout.version_dir(name, version), dest)
+    fsync_dir(layout.bundle_dir(name))
+
+
+def _newest_healthy(layout: StoreLayout, name: str, state: dict[str, Any], present: list[str]) -> str | None:
+    """The served version to fall back to: ``previous`` when it is healthy and present, else the
+    healthy present version installed last."""
+    versions = state.get("versions") or {}
+    prev = state.get("previous")
+    if prev in present and (versions.get(prev) or {}).get("healthy"):
+        return str(prev)
+    healthy = [(str((versions.get(v) or {}).get("activated") or (versions.get(v) or {}).get("installed") or ""), v)
+               for v in present if (versions.get(v) or {}).get("healthy")]
+    return max(healthy)[1] if healthy else None
+
+
+def recover_store(store: str | os.PathLike[str], by: str = "recover", now: float | None = None) -> Recovered:
+    """Put the store back on a gated, verified version after a crash or power cut (root runs it at
+    the daemon's start and at boot, before anything is served).
+
+    1. revert pending switches past their deadline or from an earlier boot (:func:`revert_expired`);
+    2. verify every version's files against its manifest; move one that fails to quarantine and
+       mark it unhealthy (a power cut before the fsyncs of an older release leaves 0-byte files);
+    3. when ``current`` names a version that is gone, or one recorded unhealthy with no switch
+       pending, point it at ``previous`` or the newest healthy version (or remove it).
+    """
+    layout = StoreLayout.of(store)
+    report = Recovered(reverted=revert_expired(store, by, now))
+    try:
+        names = sorted(n for n in os.listdir(layout.bundles_dir) if is_safe_component(n))
+    except OSError:
+        return report
+    for name in names:
+        folder = layout.bundle_dir(name)
+        if os.path.islink(folder) or not os.path.isdir(folder):
+            continue
+        with state_lock(store):
+            state = read_state(store, name)
+            before = len(report.quarantined) + len(report.repointed)
+            present = []
+            for v in sorted(os.listdir(folder)):
+                vdir = os.path.join(folder, v)
+                if not is_safe_component(v) or os.path.islink(vdir) or not os.path.isdir(vdir):
+                    continue
+                why = _verify_version(layout, name, v)
+                if why is None:
+                    present.append(v)
+                    continue
+                _quarantine_corrupt(layout, name, v)
+                if v in state["versions"]:
+                    state["versions"][v]["healthy"] = False
+                add_event(state, "quarantine", v, f"files fail verification: {why} ({by})")
+                report.quarantined.append(f"{name} {v}: {why}")
+            current = current_version(store, name)
+            record = (state.get("versions") or {}).get(current or "")
+            gone = current is not None and current not in present
+            unhealthy = record is not None and not record.get("healthy") and not state.get("pending")
+            if gone or unhealthy:
+                target = _newest_healthy(layout, name, state, [v for v in present if v != current])
+                if target is not None:
+                    switch_current(store, name, target)
+                elif gone:
+                    remove_current(store, name)
+                if target is not None or gone:
+                    why = "its files are gone" if gone else "it never passed its health gate"
+                    report.repointed.append(f"{name}: current {current} -> {target or 'none'} ({why})")
+                    add_event(state, "repoint", target, f"from {current}: {why} ({by})")
+            if len(report.quarantined) + len(report.repointed) > before:
+                write_state(store, name, state)
+    return report

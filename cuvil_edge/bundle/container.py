@@ -123,7 +123,7 @@ def write_bundle(
         secret_key (Path | SecretKey): signing key. Defaults to the user's default key.
     """
     key = resolve_secret_key(secret_key)
-    entries = []
+    entries: list[dict[str, Any]] = []
     for name in sorted(members):
         _check_member_name(name, str(out))
         if name in (MANIFEST_NAME, SIGNATURE_NAME):

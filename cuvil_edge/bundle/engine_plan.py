@@ -15,7 +15,7 @@ from typing import Any
 from cuvil_edge.bundle.engine_key import EngineKey, major_minor, plan_digest
 from cuvil_edge.errors import ModelError
 
-__all__ = ["PLAN_FORMAT", "load_plan", "validate_plan"]
+__all__ = ["PLAN_FORMAT", "check_build_inputs", "load_plan", "validate_plan"]
 
 PLAN_FORMAT = "cuvil-engine-plan/1"
 
@@ -60,3 +60,28 @@ def load_plan(path: Path) -> dict[str, Any]:
     except (OSError, ValueError) as exc:
         raise ModelError(f"{path}: not a JSON engine plan ({exc})") from exc
     return validate_plan(data, str(path))
+
+
+def check_build_inputs(plan: Mapping[str, Any], plan_path: Path, onnx_path: Path) -> str:
+    """The checks every engine build makes before TensorRT runs; returns the model's sha256.
+
+    Both builds (``engine build --out``, ``packager/engine_build.py``, and into the store,
+    ``packager/engine_device.py``) refuse the same inputs with the same error class and words.
+
+    Raises:
+        EngineError: the plan has inputs without sizes (no optimization profile), or the model is
+            missing or not the one the plan was made for.
+    """
+    from cuvil_edge.bundle.engine_store import EngineError, sha256_file
+
+    if plan.get("unresolved_inputs"):
+        raise EngineError(f"{plan_path}: input(s) {plan['unresolved_inputs']} have dynamic dimensions without "
+                          "sizes, so the engine has no optimization profile; give the input shape in the recipe "
+                          "and package again")
+    if not Path(onnx_path).is_file():
+        raise EngineError(f"{onnx_path}: no such model file")
+    digest = sha256_file(Path(onnx_path))
+    if digest != plan["model"]["sha256"]:
+        raise EngineError(f"{onnx_path}: sha256 {digest[:16]}... is not the model the plan was made for "
+                          f"({plan['model']['sha256'][:16]}...)")
+    return digest

@@ -16,6 +16,13 @@ sha256 of the builder log. :meth:`EngineStore.verify` refuses an engine whose re
 key or another model, or whose plan bytes do not hash to the record's: the daemon then serves
 the bundle with ONNX Runtime and says why.
 
+A record is read from disk, where anything may have happened to it, so reading it never trusts
+it: at most :data:`MAX_RECORD_BYTES`, JSON whose nesting the parser survives, and a schema check
+of every field's type before use (:class:`RecordInvalid` otherwise, which the daemon answers by
+quarantining the file once, :meth:`EngineStore.quarantine`, and serving ONNX Runtime). A record,
+plan or key directory that is a symlink, or that resolves outside the store's root, is refused:
+the hash check proves the bytes, not that the store owns them.
+
 This layout is a host-device contract, so it lives in the bundle package, below the packager,
 deploy and the runtime (none of them import each other for it).
 
@@ -29,6 +36,7 @@ Orin Nano's cache never reaches an AGX Orin.
 from __future__ import annotations
 
 import datetime as _dt
+import errno
 import hashlib
 import json
 import os
@@ -44,11 +52,13 @@ from cuvil_edge.bundle.engine_key import EngineKey, engine_cache_key, major_mino
 from cuvil_edge.errors import ModelError
 
 __all__ = [
+    "MAX_RECORD_BYTES",
     "RECORD_FORMAT",
     "EngineError",
     "EngineRecord",
     "DeviceIdentity",
     "EngineStore",
+    "RecordInvalid",
     "device_identity",
     "host_engine_cache",
     "key_for_facts",
@@ -58,11 +68,16 @@ __all__ = [
 ]
 
 RECORD_FORMAT = "cuvil-engine-record/1"
+MAX_RECORD_BYTES = 64 << 10  # a record is a few hundred bytes; a larger file is not one
 _SHA = re.compile(r"[0-9a-f]{64}")
 
 
 class EngineError(ModelError):
     """An engine that cannot be used here: no key for this device, wrong model, corrupt plan."""
+
+
+class RecordInvalid(EngineError):
+    """A record file that is not a record: unreadable, too large, too deep, or a field of the wrong type."""
 
 
 def sha256_bytes(data: bytes) -> str:
@@ -178,31 +193,73 @@ class EngineRecord:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], where: str = "engine record") -> EngineRecord:
+        """A record from its JSON form, every field's type checked first.
+
+        Raises:
+            RecordInvalid: not a record of this format, or a field missing or of the wrong type.
+        """
         if not isinstance(data, Mapping) or data.get("format") != RECORD_FORMAT:
-            raise EngineError(f"{where}: not a {RECORD_FORMAT} record")
+            raise RecordInvalid(f"{where}: not a {RECORD_FORMAT} record")
+        key = data.get("key")
+        if not isinstance(key, Mapping) or not all(isinstance(v, (str, int)) or v is None for v in key.values()):
+            raise RecordInvalid(f"{where}: field key must be an object of strings, got {type(key).__name__}")
+        for name in ("model_sha256", "plan_sha256", "builder"):
+            if not isinstance(data.get(name), str):
+                raise RecordInvalid(f"{where}: field {name} must be a string")
+        for name in ("builder_version", "builder_log_sha256", "precision", "built_at", "built_on"):
+            if not isinstance(data.get(name, ""), str):
+                raise RecordInvalid(f"{where}: field {name} must be a string")
+        size = data.get("plan_size")
+        if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+            raise RecordInvalid(f"{where}: field plan_size must be a non-negative integer")
+        plugins = data.get("plugins") or []
+        if not isinstance(plugins, list) or not all(isinstance(x, str) for x in plugins):
+            raise RecordInvalid(f"{where}: field plugins must be a list of strings")
         try:
-            rec = cls(key=EngineKey.from_dict(data["key"]), model_sha256=str(data["model_sha256"]),
-                      plan_sha256=str(data["plan_sha256"]), plan_size=int(data["plan_size"]),
-                      builder=str(data["builder"]), builder_version=str(data.get("builder_version", "")),
-                      builder_log_sha256=str(data.get("builder_log_sha256", "")),
-                      precision=str(data.get("precision", "")), plugins=list(data.get("plugins") or []),
-                      built_at=str(data.get("built_at", "")), built_on=str(data.get("built_on", "")))
-        except (KeyError, TypeError, ValueError, ModelError) as exc:
-            raise EngineError(f"{where}: bad engine record ({exc})") from exc
+            rec = cls(key=EngineKey.from_dict(key), model_sha256=data["model_sha256"],
+                      plan_sha256=data["plan_sha256"], plan_size=size, builder=data["builder"],
+                      builder_version=data.get("builder_version", ""),
+                      builder_log_sha256=data.get("builder_log_sha256", ""),
+                      precision=data.get("precision", ""), plugins=list(plugins),
+                      built_at=data.get("built_at", ""), built_on=data.get("built_on", ""))
+        except (KeyError, TypeError, ValueError, OverflowError, ModelError) as exc:
+            raise RecordInvalid(f"{where}: bad engine record ({exc})") from exc
         for name in ("model_sha256", "plan_sha256"):
             if not _SHA.fullmatch(getattr(rec, name)):
-                raise EngineError(f"{where}: field {name} is not a sha256")
+                raise RecordInvalid(f"{where}: field {name} is not a sha256")
         return rec
 
     @classmethod
     def read(cls, path: Path) -> EngineRecord:
+        """The record in ``path``, read without following a symlink and at most :data:`MAX_RECORD_BYTES`.
+
+        Raises:
+            EngineError: no record there.
+            RecordInvalid: a symlink, too large, not JSON, too deeply nested, or not a record.
+        """
         try:
-            data = json.loads(Path(path).read_text("utf-8"))
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
         except FileNotFoundError:
             raise EngineError(f"{path}: no engine record") from None
-        except (OSError, ValueError) as exc:
-            raise EngineError(f"{path}: unreadable engine record ({exc})") from exc
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise RecordInvalid(f"{path}: the engine record is a symlink; refused") from None
+            raise RecordInvalid(f"{path}: unreadable engine record ({exc.strerror or exc})") from None
+        with os.fdopen(fd, "rb") as fh:
+            raw = fh.read(MAX_RECORD_BYTES + 1)
+        if len(raw) > MAX_RECORD_BYTES:
+            raise RecordInvalid(f"{path}: the engine record is larger than {MAX_RECORD_BYTES} bytes; not a record")
+        try:
+            data = json.loads(raw.decode("utf-8"), parse_constant=_no_constant)
+        except RecursionError:
+            raise RecordInvalid(f"{path}: the engine record nests too deeply; not a record") from None
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise RecordInvalid(f"{path}: unreadable engine record ({exc})") from None
         return cls.from_dict(data, str(path))
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
 
 
 def now_iso() -> str:
@@ -237,7 +294,7 @@ class EngineStore:
     def find(self, key: EngineKey, model_sha256: str) -> EngineRecord | None:
         """The record of the engine for this key and model, or None when there is none."""
         path = self.record_path(key, model_sha256)
-        return EngineRecord.read(path) if path.is_file() else None
+        return EngineRecord.read(path) if path.is_file() or path.is_symlink() else None
 
     def verify(self, key: EngineKey, model_sha256: str) -> EngineRecord:
         """The record, once the stored engine is shown to be the one for this key and model.
@@ -247,6 +304,7 @@ class EngineStore:
                 into place), or plan bytes that do not hash to the record's sha256 (corrupt).
         """
         rec_path = self.record_path(key, model_sha256)
+        self._owned(rec_path)
         rec = self.find(key, model_sha256)
         if rec is None:
             raise EngineError(f"no engine for key {key.slug} and model sha256 {model_sha256[:12]}... under {self.root}")
@@ -258,6 +316,7 @@ class EngineStore:
                               f"but the bundle's model is {model_sha256[:12]}...; refused (rebuild it: "
                               "cuvil-edge engine build --on DEVICE BUNDLE)")
         plan = self.plan_path(key, model_sha256)
+        self._owned(plan)
         if not plan.is_file():
             raise EngineError(f"{plan}: the record names a plan that is not there; refused")
         size = plan.stat().st_size
@@ -266,6 +325,32 @@ class EngineStore:
             raise EngineError(f"{plan}: plan sha256 {digest[:12]}... ({size} bytes) is not the recorded "
                               f"{rec.plan_sha256[:12]}... ({rec.plan_size} bytes): corrupt engine refused")
         return rec
+
+    def _owned(self, path: Path) -> None:
+        """Refuse a path whose file or key directory is a symlink, or that resolves outside the root.
+
+        Raises:
+            EngineError: reached through a symlink, or outside ``root``.
+        """
+        for p in (path, path.parent):
+            if p.is_symlink():
+                raise EngineError(f"{p}: a symlink in the engine store; refused (engines are files of the store)")
+        root = os.path.realpath(self.root)
+        if os.path.commonpath([root, os.path.realpath(path)]) != root:
+            raise EngineError(f"{path}: resolves outside the engine store {self.root}; refused")
+
+    def quarantine(self, path: Path) -> Path | None:
+        """Move a bad record aside (``<name>.bad``) so it is reported once, not at every load.
+
+        Returns the new path, or None when it could not be moved (read-only store): the caller
+        still serves without it.
+        """
+        target = path.with_name(path.name + ".bad")
+        try:
+            os.replace(path, target)
+        except OSError:
+            return None
+        return target
 
     def put(self, record: EngineRecord, plan: bytes, log: bytes = b"", timing_cache: bytes | None = None) -> Path:
         """Store an engine: plan, log and timing cache first, the record last (the commit).
@@ -290,7 +375,7 @@ class EngineStore:
 
     def records(self) -> list[EngineRecord]:
         """Every readable record under the root (status reports)."""
-        out = []
+        out: list[EngineRecord] = []
         if not self.root.is_dir():
             return out
         for key_dir in sorted(p for p in self.root.iterdir() if p.is_dir() and not p.name.startswith(".")):

@@ -27,7 +27,7 @@ swap link of earlier releases) stays a reserved name: a leftover one is never re
 A switcher killed between link and rename leaves its swap link; the next switch removes it once
 its process is gone and it is a minute old (:func:`remove_stale_swap_links`).
 
-This module is pure (``os``, ``posixpath``, ``secrets``, ``time``): the device-side deploy step imports it
+This module is pure (``os``, ``posixpath``, ``secrets``, ``time``; fsync rules from ``_atomic``): the device-side deploy step imports it
 without the host's SSH stack, and nothing here imports the daemon or deploy.
 """
 
@@ -40,6 +40,7 @@ import secrets
 import time
 from dataclasses import dataclass
 
+from cuvil_edge._atomic import fsync_dir
 from cuvil_edge.bundle.names import check_component, is_safe_component
 from cuvil_edge.errors import BundleError
 
@@ -197,16 +198,6 @@ def is_swap_link(entry: str) -> bool:
 def version_of_link(target: str) -> str:
     """The version a ``current`` link's target names (its last path component)."""
     return posixpath.basename(target.rstrip("/"))
-
-
-def fsync_dir(path: str | os.PathLike[str]) -> None:
-    """Make a rename in ``path`` durable (a power cut keeps the old entry or the new one)."""
-    with contextlib.suppress(OSError):
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
 
 
 def read_current(layout: StoreLayout, name: str) -> str | None:

@@ -249,6 +249,38 @@ class Manifest:
         return (float(self.validation.get("rtol", DEFAULT_RTOL)), float(self.validation.get("atol", DEFAULT_ATOL)))
 
     @property
+    def batch_axes(self) -> dict[str, int | None]:
+        """Each input's batch axis: the entry's ``batch_axis`` (an integer, or null for an input
+        without one, as a scalar), 0 when the entry does not say (the packager omits the default)."""
+        out: dict[str, int | None] = {}
+        for entry in self.inputs:
+            if not isinstance(entry, dict) or not isinstance(entry.get("name"), str):
+                continue
+            axis = entry.get("batch_axis", 0)
+            out[entry["name"]] = axis if axis is None or (isinstance(axis, int) and not isinstance(axis, bool)) else 0
+        return out
+
+    @property
+    def state_inputs(self) -> dict[str, str]:
+        """Inputs that carry a stream's state, each with the output that feeds it back: an input
+        entry's ``state_output`` (the client sends the state it got last time; the daemon keeps
+        none). Empty for a stateless model."""
+        return {e["name"]: e["state_output"] for e in self.inputs
+                if isinstance(e, dict) and isinstance(e.get("name"), str) and isinstance(e.get("state_output"), str)}
+
+    @property
+    def profile_shapes(self) -> dict[str, list[int]]:
+        """Per dynamic input, the ``opt`` shape of the TensorRT optimization profile the manifest
+        carries (``inputs[i].profile``), a size the recipe chose for it; empty when none."""
+        out: dict[str, list[int]] = {}
+        for entry in self.inputs:
+            prof = entry.get("profile") if isinstance(entry, dict) else None
+            opt = prof.get("opt") if isinstance(prof, dict) else None
+            if isinstance(opt, list) and all(isinstance(d, int) and not isinstance(d, bool) for d in opt):
+                out[str(entry["name"])] = list(opt)
+        return out
+
+    @property
     def latency_p95_ms(self) -> float | None:
         """The recipe's p95 latency goal in milliseconds, if it set one."""
         value = self.latency_target_ms.get("p95")

@@ -40,17 +40,22 @@ from google.protobuf import json_format
 from cuvil_edge import __version__
 from cuvil_edge.daemon.accept import connection_cap
 from cuvil_edge.daemon.batcher import Pending
-from cuvil_edge.daemon.kserve import (
-    EXTENSIONS,
+from cuvil_edge.daemon.config import Config
+from cuvil_edge.daemon.grpc_guard import WINDOW, GuardedHandlers
+from cuvil_edge.daemon.infer import (
     BadRequest,
+    InferenceCore,
     MemoryRefused,
+    Outcome,
+    Refusal,
     check_input_header,
+    classify,
     complete_inputs,
-    model_config_doc,
-    model_metadata_doc,
+    serialize_bytes,
 )
+from cuvil_edge.daemon.kserve import EXTENSIONS, App, model_config_doc, model_metadata_doc
+from cuvil_edge.daemon.limits import MAX_ERROR, printable
 from cuvil_edge.daemon.models import ModelInstance, UnknownModel
-from cuvil_edge.daemon.pipeline import IMAGE_INPUT
 from cuvil_edge.daemon.proto import grpc_service_pb2 as pb
 from cuvil_edge.daemon.proto import model_config_pb2 as config_pb
 from cuvil_edge.daemon.shm import (
@@ -66,6 +71,7 @@ from cuvil_edge.runtime.base import datatype_of
 __all__ = ["DEFAULT_GRPC_PORT", "GrpcFrontend", "RpcFailure", "decode_grpc_infer", "grpc_address"]
 
 log = logging.getLogger("cuvil_edge.daemon.grpc")
+access = logging.getLogger("cuvil_edge.daemon.access")  # --access-log
 
 DEFAULT_GRPC_PORT = 8001  # Triton's
 SERVICE = "inference.GRPCInferenceService"
@@ -73,6 +79,7 @@ _OPEN_METHODS = frozenset({f"/{SERVICE}/ServerLive", f"/{SERVICE}/ServerReady"})
 _BEARER = re.compile(rb"^bearer[ \t]+(\S+)[ \t]*$", re.IGNORECASE)
 STREAM_MAX_INFLIGHT = 64  # requests of one ModelStreamInfer stream in flight at once
 STREAM_MAX_BYTES = 64 << 20  # and their request bytes (at least one message always fits)
+STREAM_MAX_ANSWER_BYTES = 16 << 20  # answers of one stream waiting for the client, with those in flight
 
 # InferTensorContents field per KServe datatype (FP16/BF16 travel raw only).
 _CONTENTS_FIELD = {
@@ -87,7 +94,9 @@ class RpcFailure(DaemonError):
 
     def __init__(self, code: grpc.StatusCode, message: str,
                  trailing: tuple[tuple[str, str], ...] = ()) -> None:
-        super().__init__(message)
+        # Messages quote what the client sent (a shape, a name): bounded, so a 2M-dimension shape
+        # is a short error and not a 6 MB trailer the client refuses to read.
+        super().__init__(printable(message, MAX_ERROR))
         self.code = code
         self.trailing = trailing
 
@@ -98,7 +107,18 @@ _HTTP_TO_GRPC = {400: grpc.StatusCode.INVALID_ARGUMENT, 401: grpc.StatusCode.UNA
                  507: grpc.StatusCode.RESOURCE_EXHAUSTED}
 
 
-def grpc_address(config: Any) -> str | None:
+def _refusal(exc: Refusal) -> RpcFailure:
+    """The core's refusal as gRPC says it: memory pressure is RESOURCE_EXHAUSTED (what gRPC's
+    retry policy reads, with ``grpc-retry-pushback-ms``), the rest UNAVAILABLE; both carry
+    ``retry-after`` seconds when a retry may succeed."""
+    code = grpc.StatusCode.RESOURCE_EXHAUSTED if exc.reason == "pressure" else grpc.StatusCode.UNAVAILABLE
+    trailing: tuple[tuple[str, str], ...] = ()
+    if exc.retry_after is not None:
+        trailing = (("retry-after", str(exc.retry_after)), ("grpc-retry-pushback-ms", str(exc.retry_after * 1000)))
+    return RpcFailure(code, str(exc), trailing)
+
+
+def grpc_address(config: Config) -> str | None:
     """Where gRPC listens for this config, as a gRPC address, or None when it is off.
 
     ``--grpc-uds PATH`` wins; else ``--grpc-port`` on ``--host``. Unset, the port is Triton's
@@ -106,7 +126,7 @@ def grpc_address(config: Any) -> str | None:
     to listen on ``--uds`` only listens on a Unix socket beside it (``NAME-grpc.sock``), so that
     no TCP port opens that the operator did not ask for.
     """
-    if not getattr(config, "grpc", True):
+    if not config.grpc:
         return None
     if config.grpc_uds is not None:
         return f"unix:{Path(config.grpc_uds)}"
@@ -220,20 +240,6 @@ def _decode(req: Any, inst: ModelInstance, shm: SharedMemoryRegistry | None,
     return arrays, n, outputs
 
 
-def _classify(arr: np.ndarray, cls: int) -> tuple[list[int], bytes]:
-    """Triton's classification extension: top ``cls`` "value:index" strings per row, serialized."""
-    rows = arr.reshape(arr.shape[0] if arr.ndim > 1 else 1, -1)
-    k = min(cls, rows.shape[1])
-    idx = np.argsort(-rows, axis=1, kind="stable")[:, :k]
-    vals = np.take_along_axis(rows, idx, 1)
-    out = bytearray()
-    for rv, ri in zip(vals.tolist(), idx.tolist(), strict=True):
-        for v, i in zip(rv, ri, strict=True):
-            s = f"{v:f}:{i}".encode()
-            out += len(s).to_bytes(4, "little") + s
-    return [rows.shape[0], k], bytes(out)
-
-
 def _varint(n: int) -> bytes:
     out = bytearray()
     while True:
@@ -276,24 +282,25 @@ class GrpcFrontend:
     """The gRPC front end of one daemon.
 
     Args:
-        app (Any): the HTTP application (:class:`~cuvil_edge.daemon.kserve.App`): its registry,
-            server state, pressure check and token are shared.
-        config (Any): the daemon's Config.
+        app (App): the HTTP application: its registry, server state and inference core are shared.
+        config (Config): the daemon's settings.
         shm (SharedMemoryRegistry | None): the shared-memory regions (shared with HTTP).
     """
 
-    def __init__(self, app: Any, config: Any, shm: SharedMemoryRegistry | None) -> None:
+    def __init__(self, app: App, config: Config, shm: SharedMemoryRegistry | None) -> None:
         self.app = app
         self.registry = app.registry
         self.state = app.state
         self.config = config
         self.shm = shm
-        token = getattr(config, "token", None)
+        token = config.token
         self.token = token.encode() if token else None
         self.server: grpc.aio.Server | None = None
         self.bound: str | None = None
         self.uds: Path | None = None
         self.calls: dict[tuple[str, str], int] = {}  # (method, status code) -> count
+        self.guard: GuardedHandlers | None = None  # set by _Handlers
+        self.core: InferenceCore = app.core
         self._handlers = self._build_handlers()
 
     # ------------------------------------------------------------------ limits and binding
@@ -301,7 +308,7 @@ class GrpcFrontend:
     @property
     def max_message_bytes(self) -> int:
         """Largest request message accepted (``--grpc-max-message-mb``, else ``--max-body-mb``)."""
-        mb = getattr(self.config, "grpc_max_message_mb", None) or self.config.max_body_mb
+        mb = self.config.grpc_max_message_mb or self.config.max_body_mb
         return int(mb * 1024 * 1024)
 
     def server_options(self) -> list[tuple[str, Any]]:
@@ -312,13 +319,23 @@ class GrpcFrontend:
             ("grpc.max_send_message_length", max(self.max_message_bytes, 64 << 20)),
             ("grpc.max_concurrent_streams", int(cfg.grpc_max_streams)),
             # As HTTP's header limit (--max-header-kb where the daemon has it, else 64 KiB).
-            ("grpc.max_metadata_size", int(getattr(cfg, "max_header_kb", 64)) * 1024),
+            ("grpc.max_metadata_size", int(cfg.max_header_kb) * 1024),
             ("grpc.max_connection_idle_ms", int(cfg.keep_alive * 1000)),
+            # A connection that has not answered a ping within --request-timeout is closed with
+            # everything its calls hold (a client that stopped reading its socket altogether).
+            ("grpc.keepalive_time_ms", int(cfg.keep_alive * 1000)),
+            ("grpc.keepalive_timeout_ms", int(cfg.request_timeout * 1000)),
+            ("grpc.http2.ping_timeout_ms", int(cfg.request_timeout * 1000)),
+            ("grpc.keepalive_permit_without_calls", 1),
+            ("grpc.http2.max_pings_without_data", 0),  # keep-alive pings go out while data is blocked
             # --max-connections bounds this listener as it bounds HTTP's (each counts its own):
             # gRPC core closes a connection over the cap right after accepting it, before it
             # reads a byte, so a flood of clients costs a socket each for an instant.
             ("grpc.max_allowed_incoming_connections", connection_cap(int(cfg.max_connections))),
             ("grpc.so_reuseport", 0),  # a port in use is an error, as for HTTP
+            # A stream nobody reads (a health call, a call refused from its headers) can be sent
+            # one HTTP/2 window only; a read in progress opens the window to its message size.
+            ("grpc.http2.lookahead_bytes", WINDOW),
         ]
 
     async def start(self) -> str:
@@ -336,8 +353,9 @@ class GrpcFrontend:
                     raise DaemonError(f"--grpc-uds {path}: exists and is not a socket; remove it or pick another path")
                 path.unlink()
             self.uds = path
-        self.server = grpc.aio.server(options=self.server_options(),
-                                      maximum_concurrent_rpcs=int(self.config.grpc_max_rpcs))
+        # Calls in progress are counted by the guard (grpc_guard.py), not by grpcio's
+        # maximum_concurrent_rpcs, which counts half-open health streams and answers INTERNAL.
+        self.server = grpc.aio.server(options=self.server_options())
         self.server.add_generic_rpc_handlers((_Handlers(self),))
         try:
             port = self.server.add_insecure_port(address)
@@ -382,10 +400,14 @@ class GrpcFrontend:
     def count(self, method: str, code: grpc.StatusCode) -> None:
         key = (method, code.name)
         self.calls[key] = self.calls.get(key, 0) + 1
+        if getattr(self.state, "access_log", False):
+            access.info("gRPC %s %s", method, code.name)
 
     def _lookup(self, name: str, version: str) -> ModelInstance:
         try:
-            return self.registry.get(name, version or None)
+            return self.core.lookup(name, version or None)
+        except Refusal as exc:
+            raise _refusal(exc) from None
         except UnknownModel as exc:
             raise RpcFailure(grpc.StatusCode.NOT_FOUND, str(exc)) from None
 
@@ -545,29 +567,6 @@ class GrpcFrontend:
 
     # ------------------------------------------------------------------ inference
 
-    def _admit(self, req: Any) -> ModelInstance:
-        """Pressure check, then the model: what HTTP's ``_infer`` does before decoding."""
-        pressure = self.app.pressure
-        if pressure is not None:
-            reject, retry = pressure()
-            if reject:
-                self.state.rejected += 1
-                entry = self.registry.entries.get(req.model_name)
-                if entry is not None and entry.instance is not None:
-                    entry.instance.stats.rejected += 1
-                    entry.instance.stats.record_request(False, 0)
-                secs = max(1, int(round(retry)))
-                raise RpcFailure(grpc.StatusCode.RESOURCE_EXHAUSTED,
-                                 f"memory pressure: the daemon is refusing new requests for now; retry in {secs} s",
-                                 (("retry-after", str(secs)), ("grpc-retry-pushback-ms", str(secs * 1000))))
-        if self.state.shutting_down:
-            raise RpcFailure(grpc.StatusCode.UNAVAILABLE, "the daemon is shutting down")
-        try:
-            return self._lookup(req.model_name, req.model_version)
-        except RpcFailure:
-            self.state.failed_unknown += 1
-            raise
-
     def _submit(self, req: Any, deliver: Callable[[Pending], None], received: float) -> Pending:
         """Admit, decode and queue one request; ``deliver`` runs on the loop with the outcome.
 
@@ -576,29 +575,29 @@ class GrpcFrontend:
         """
         if isinstance(req, _Malformed):
             raise RpcFailure(grpc.StatusCode.INVALID_ARGUMENT, req.message)
-        inst = self._admit(req)
+        try:
+            inst = self.core.admit_request(req.model_name, req.model_version or None)
+        except Refusal as exc:
+            raise _refusal(exc) from None
+        except UnknownModel as exc:
+            raise RpcFailure(grpc.StatusCode.NOT_FOUND, str(exc)) from None
         try:
             arrays, n, outputs = decode_grpc_infer(req, inst, self.shm)
         except RpcFailure:
-            inst.stats.record_request(False, int((time.perf_counter() - received) * 1e9))
+            self.core.refused(inst, received)
             raise
-        if IMAGE_INPUT in arrays and inst.pipeline is not None and inst.pipeline.image_spec is not None:
-            key: Any = IMAGE_INPUT
-        else:
-            key = tuple((k, a.shape[1:]) for k, a in arrays.items()) if inst.max_batch else None
         wanted = [o[0] for o in outputs] if outputs is not None else None
-        out_list = outputs if outputs is not None else [(s, 0, None) for s in inst.output_specs]
-        p = Pending(arrays, n, key, wanted, deliver, self._encoder(inst, out_list, req.id),
-                    (inst, received))
-        inst.submit(p)
-        return p
+        out_list: list[tuple[str, int, OutputTarget | None]] = (
+            outputs if outputs is not None else [(s, 0, None) for s in inst.output_specs])
+        return self.core.enqueue(inst, arrays, n, wanted, deliver, self._encoder(inst, out_list, req.id),
+                                (inst, received))
 
     @staticmethod
     def _encoder(inst: ModelInstance, out_list: list[tuple[str, int, OutputTarget | None]],
-                 rid: str) -> Callable[[Pending], bytes | RpcFailure]:
+                 rid: str) -> Callable[[Pending], bytes | None]:
         name, version = inst.name, inst.version
 
-        def encode(p: Pending) -> bytes | RpcFailure:  # worker thread
+        def encode(p: Pending) -> bytes | None:  # worker thread
             result = p.result
             assert result is not None
             resp = pb.ModelInferResponse(model_name=name, model_version=version, id=rid)
@@ -606,7 +605,8 @@ class GrpcFrontend:
                 arr = result[oname]
                 out = resp.outputs.add(name=oname)
                 if cls:
-                    shape, blob = _classify(arr, cls)
+                    shape, strings = classify(arr, cls)
+                    blob = serialize_bytes(strings)
                     out.datatype = "BYTES"
                     out.shape.extend(shape)
                 else:
@@ -617,7 +617,8 @@ class GrpcFrontend:
                     try:
                         SharedMemoryRegistry.write(target, blob, f"output '{oname}'")
                     except SharedMemoryError as exc:  # the client's region is too small: its error
-                        return RpcFailure(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+                        p.error = (exc.status, str(exc))
+                        return None
                     out.parameters["shared_memory_region"].string_param = target.region.name
                     out.parameters["shared_memory_byte_size"].int64_param = len(blob)
                     if target.offset:
@@ -631,21 +632,12 @@ class GrpcFrontend:
     def _finish(self, p: Pending) -> tuple[bytes | None, RpcFailure | None]:
         """Account one delivered request (loop thread); the answer bytes or the failure."""
         inst, received = p.ctx
-        inst.inflight -= 1
-        elapsed = int((time.perf_counter() - received) * 1e9)
-        if p.cancelled:
-            inst.stats.cancelled += 1
-            inst.stats.record_request(False, elapsed)
-            return None, RpcFailure(grpc.StatusCode.CANCELLED, "the client cancelled the request")
-        if p.error is not None or p.body is None:
-            inst.stats.record_request(False, elapsed)
-            status, message = p.error or (500, "the request was dropped without an answer")
-            return None, RpcFailure(_HTTP_TO_GRPC.get(status, grpc.StatusCode.INTERNAL), message)
-        if isinstance(p.body, RpcFailure):
-            inst.stats.record_request(False, elapsed)
-            return None, p.body
-        inst.stats.record_request(True, elapsed)
-        return p.body, None
+        out: Outcome = self.core.settle(p, inst, received)
+        if out.status == 499:
+            return None, RpcFailure(grpc.StatusCode.CANCELLED, out.message)
+        if not out.ok:
+            return None, RpcFailure(_HTTP_TO_GRPC.get(out.status, grpc.StatusCode.INTERNAL), out.message)
+        return out.body, None
 
     async def model_infer(self, req: Any, context: grpc.aio.ServicerContext) -> bytes:
         received = time.perf_counter()
@@ -693,16 +685,24 @@ class GrpcFrontend:
         An error answers that request with ``error_message`` and the stream goes on, as Triton.
         At most ``STREAM_MAX_INFLIGHT`` requests and ``STREAM_MAX_BYTES`` of request messages of
         one stream are in flight (inputs are read in place from the messages, so they stay alive
-        until the answer); beyond that the stream is not read, and HTTP/2 flow control holds the
-        client back.
+        until the answer), and answers waiting for the client plus those in flight (sized by the
+        largest answer so far; one request at a time until the first answer) stay within
+        ``STREAM_MAX_ANSWER_BYTES``; beyond that the stream is not read, and HTTP/2 flow control
+        holds the client back.
         """
         if not self.authorized(context.invocation_metadata()):  # belt and braces: _Handlers checks first
             await context.abort(grpc.StatusCode.UNAUTHENTICATED, _UNAUTHENTICATED)
         answers: asyncio.Queue[bytes | None] = asyncio.Queue()
         live: dict[Pending, int] = {}  # in flight -> its message bytes
         held = [0]  # message bytes in flight
+        queued = [0, 0]  # answer bytes waiting for the client; the largest answer so far
         room = asyncio.Event()
         outstanding = 0
+
+        def answer(item: bytes) -> None:
+            queued[0] += len(item)
+            queued[1] = max(queued[1], len(item))
+            answers.put_nowait(item)
 
         def deliver(p: Pending) -> None:
             size = live.pop(p, 0)
@@ -712,17 +712,26 @@ class GrpcFrontend:
             body, failure = self._finish(p)
             if failure is not None:
                 self.count("ModelStreamInfer", failure.code)
-                answers.put_nowait(pb.ModelStreamInferResponse(error_message=str(failure)).SerializeToString())
+                answer(pb.ModelStreamInferResponse(error_message=str(failure)).SerializeToString())
             else:
                 self.count("ModelStreamInfer", grpc.StatusCode.OK)
-                answers.put_nowait(_as_stream_response(body))  # type: ignore[arg-type]
+                answer(_as_stream_response(body))  # type: ignore[arg-type]
+
+        def full(size: int) -> bool:
+            if queued[0] >= STREAM_MAX_ANSWER_BYTES:
+                return True
+            if not live:
+                return False
+            if len(live) >= STREAM_MAX_INFLIGHT or held[0] + size > STREAM_MAX_BYTES or not queued[1]:
+                return True
+            return queued[0] + (len(live) + 1) * queued[1] > STREAM_MAX_ANSWER_BYTES
 
         async def read() -> None:
             nonlocal outstanding
             try:
                 async for req in requests:
                     size = 0 if isinstance(req, _Malformed) else req.ByteSize()
-                    while live and (len(live) >= STREAM_MAX_INFLIGHT or held[0] + size > STREAM_MAX_BYTES):
+                    while full(size):
                         room.clear()
                         await room.wait()
                     if not self.state.reserve(size):  # --max-buffered-mb, shared with HTTP
@@ -730,7 +739,7 @@ class GrpcFrontend:
                         self.count("ModelStreamInfer", grpc.StatusCode.RESOURCE_EXHAUSTED)
                         outstanding += 1
                         self.state.inflight += 1
-                        answers.put_nowait(pb.ModelStreamInferResponse(error_message=_BUFFERED_FULL).SerializeToString())
+                        answer(pb.ModelStreamInferResponse(error_message=_BUFFERED_FULL).SerializeToString())
                         continue
                     outstanding += 1
                     self.state.inflight += 1
@@ -741,7 +750,7 @@ class GrpcFrontend:
                     except RpcFailure as exc:
                         self.state.release(size)
                         self.count("ModelStreamInfer", exc.code)
-                        answers.put_nowait(pb.ModelStreamInferResponse(error_message=str(exc)).SerializeToString())
+                        answer(pb.ModelStreamInferResponse(error_message=str(exc)).SerializeToString())
             finally:
                 answers.put_nowait(None)
 
@@ -755,6 +764,8 @@ class GrpcFrontend:
                     continue
                 outstanding -= 1
                 self.state.inflight -= 1
+                queued[0] -= len(item)
+                room.set()
                 yield item
         finally:
             reader.cancel()
@@ -791,11 +802,22 @@ class _Handlers(grpc.GenericRpcHandler):
 
     def __init__(self, frontend: GrpcFrontend) -> None:
         self.frontend = frontend
+        guard = GuardedHandlers(frontend, int(frontend.config.grpc_max_rpcs))
+        frontend.guard = guard
+        self.guarded: dict[str, grpc.RpcMethodHandler] = {}
+        for method, handler in frontend._handlers.items():
+            name = method.rpartition("/")[2]
+            if method in _OPEN_METHODS:
+                self.guarded[method] = guard.open_call(name, handler)
+            elif handler.response_streaming:
+                self.guarded[method] = guard.stream_call(name, handler)
+            else:
+                self.guarded[method] = guard.unary_call(name, handler)
 
     def service(self, details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler | None:
         method = details.method
         method = method.decode() if isinstance(method, bytes) else method
-        handler = self.frontend._handlers.get(method)
+        handler = self.guarded.get(method)
         if handler is None:
             return None  # UNIMPLEMENTED, as gRPC answers for an unknown method
         if method in _OPEN_METHODS or self.frontend.authorized(details.invocation_metadata):
@@ -807,6 +829,4 @@ class _Handlers(grpc.GenericRpcHandler):
             frontend.count(name, grpc.StatusCode.UNAUTHENTICATED)
             await context.abort(grpc.StatusCode.UNAUTHENTICATED, _UNAUTHENTICATED)
 
-        if handler.response_streaming:
-            return grpc.stream_stream_rpc_method_handler(refuse)
-        return grpc.stream_unary_rpc_method_handler(refuse)
+        return grpc.stream_stream_rpc_method_handler(refuse)

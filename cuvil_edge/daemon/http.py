@@ -10,13 +10,17 @@ Untrusted input costs little (the bounds are :class:`~cuvil_edge.daemon.limits.L
 
 * a connection beyond ``max_connections`` gets 503 at once and is closed;
 * on headers-complete, before one body byte is kept and before ``100 Continue``: the bearer
-  token (401), the declared size against ``max_body`` (413) and against the bytes all connections
+  token (401); a body on anything but a ``POST`` to an authenticated route (a ``GET``, a
+  ``HEAD``, a health probe) is refused at once (400) and never reserved; the declared size against ``max_body`` (413) and against the bytes all connections
   buffer together, ``max_buffered`` (503 + ``Retry-After``); a chunked body is counted as it comes;
 * request line plus headers over ``max_header`` get 431; ``CONNECT`` gets one 405; a request
   asking for a protocol ``Upgrade`` is answered as plain HTTP/1.1 once, then the connection closes;
 * a client that does not read its answers: once ``write_high_water`` bytes wait in its send
-  buffer (asyncio's ``pause_writing``) the daemon stops serving and reading it; at most
-  ``max_pipeline`` parsed requests wait per connection; it is closed after ``request_timeout``;
+  buffer (asyncio's ``pause_writing``) the daemon stops serving and reading it, and the unsent
+  bytes count in ``max_buffered`` (an inference answer is counted from before it is computed,
+  :mod:`~cuvil_edge.daemon.kserve`), so slow readers together hold at most that budget; at most
+  ``max_pipeline`` parsed requests wait per connection; it is closed after ``request_timeout``
+  and the heap it used is given back to the system at the next tick;
 * every refusal is answered once, the write side is shut, further input is discarded, and the
   connection closes when the client hangs up or after a short linger: the client reads the answer
   instead of a reset, and a refused client cannot make the daemon buffer anything.
@@ -38,7 +42,7 @@ from typing import Any
 
 import httptools
 
-from cuvil_edge.daemon.limits import bearer_ok
+from cuvil_edge.daemon.limits import MAX_ERROR, bearer_ok, printable
 
 __all__ = ["HttpProtocol", "Request", "STATUS_LINES", "json_error"]
 
@@ -55,7 +59,7 @@ STATUS_LINES = {code: f"HTTP/1.1 {code} {reason}\r\n".encode() for code, reason 
 _JSON = b"application/json"
 _OCTET = b"application/octet-stream"
 _LINGER_S = 2.0  # how long a refused connection may keep sending before it is closed
-_OPEN_PATHS = "/v2/health/"  # answered without the bearer token (probes)
+_OPEN_PATHS = b"/v2/health/"  # answered without the bearer token (probes); they take no body
 
 
 def json_error(message: str) -> bytes:
@@ -111,8 +115,8 @@ class Request:
         self.respond(status, payload)
 
     def error(self, status: int, message: str, headers: list[tuple[bytes, bytes]] | None = None) -> None:
-        """Answer ``{"error": message}`` with ``status``."""
-        self.respond(status, json_error(message), _JSON, headers)
+        """Answer ``{"error": message}`` with ``status`` (the message cut to ``MAX_ERROR`` characters)."""
+        self.respond(status, json_error(printable(message, MAX_ERROR)), _JSON, headers)
 
     @property
     def done(self) -> bool:
@@ -156,6 +160,7 @@ class HttpProtocol(asyncio.Protocol):
         self._lingering: float | None = None  # monotonic time the refusal was sent
         self._reading_paused = False
         self._writing_paused: float | None = None  # monotonic time the send buffer filled up
+        self._unsent = 0  # answer bytes waiting in the send buffer, counted in server.buffered
 
     # ------------------------------------------------------------------ asyncio callbacks
 
@@ -172,6 +177,7 @@ class HttpProtocol(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
         self.server.connections.discard(self)
+        self._sent()
         # Drop everything this connection holds; an in-flight request is skipped by the batcher.
         if self.current is not None and not self.current.done:
             self.current.cancelled = True
@@ -217,6 +223,7 @@ class HttpProtocol(asyncio.Protocol):
 
     def resume_writing(self) -> None:
         self._writing_paused = None
+        self._sent()
         self._update_reading()
         self._next()
 
@@ -256,7 +263,8 @@ class HttpProtocol(asyncio.Protocol):
         self._upgrade = b"upgrade" in headers.get(b"connection", b"").lower() and b"upgrade" in headers
         # Auth before the body: nothing of an unauthenticated client is buffered.
         token = self.server.token
-        if token is not None and not self._url.startswith(_OPEN_PATHS.encode()):
+        open_path = self._url.startswith(_OPEN_PATHS)
+        if token is not None and not open_path:
             if not bearer_ok(headers.get(b"authorization"), token):
                 self.server.on_refused("auth")
                 self._refuse(401, "missing or wrong bearer token: send 'Authorization: Bearer <token>'",
@@ -269,6 +277,19 @@ class HttpProtocol(asyncio.Protocol):
                 n = int(length)
             except ValueError:
                 n = -1
+        if (n > 0 or b"chunked" in headers.get(b"transfer-encoding", b"").lower()) and (
+                open_path or self.parser.get_method() != b"POST"):
+            # Only a POST to an authenticated route takes a body: a GET, a HEAD or a probe that
+            # declares one is refused before a byte of it is counted, kept or waited for.
+            method = self.parser.get_method()
+            where = f"{method.decode('latin-1')} {printable(self._url.split(b'?', 1)[0])}"
+            if method in (b"GET", b"HEAD"):
+                self._refuse(400, f"{where}: a {method.decode()} request takes no body")
+            else:
+                self._refuse(405, f"{where} takes no request body" + (": use GET" if open_path else ""),
+                             [(b"allow", b"GET, HEAD")] if open_path else None)
+            return
+        if length is not None:
             if n > self.limits.max_body:
                 self._reject_too_large(n)
                 return
@@ -378,6 +399,12 @@ class HttpProtocol(asyncio.Protocol):
             head.append(body)  # type: ignore[arg-type]
             transport.write(b"".join(head))
         self.last_activity = time.monotonic()
+        unsent = transport.get_write_buffer_size()
+        if unsent > self.limits.write_high_water:
+            # The client has not taken this answer yet: it counts in --max-buffered-mb until it
+            # does (resume_writing) or it is dropped (sweep), so slow readers cannot pile up more.
+            self._unsent += unsent
+            self.server.hold(unsent)
         if req is self.current:
             self.current = None
         if not keep:
@@ -389,6 +416,12 @@ class HttpProtocol(asyncio.Protocol):
         self._next()
 
     # ------------------------------------------------------------------ limits
+
+    def _sent(self) -> None:
+        """The answers waiting in the send buffer were taken (or dropped with the connection)."""
+        if self._unsent:
+            self.server.release(self._unsent)
+            self._unsent = 0
 
     def _reserve(self, n: int) -> bool:
         """Count ``n`` more bytes of this message against the server's total; refuse if over."""
@@ -491,6 +524,7 @@ class HttpProtocol(asyncio.Protocol):
         elif self._writing_paused is not None and now - self._writing_paused > request_timeout:
             log.debug("closing a connection that has not read its answers for %.0f s", request_timeout)
             self.transport.abort()
+            self.server.dropped_slow_client()
         elif self.message_started is not None and now - self.message_started > request_timeout:
             self._refuse(408, f"request not received within {request_timeout:g} s")
         elif self.idle and now - self.last_activity > keep_alive:

@@ -27,7 +27,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import time
 import zlib
 from collections.abc import Callable
 from typing import Any
@@ -39,15 +38,33 @@ from cuvil_edge import __version__
 from cuvil_edge.bundle.names import check_component
 from cuvil_edge.daemon.batcher import Pending
 from cuvil_edge.daemon.http import Request, json_error
-from cuvil_edge.daemon.limits import JsonRefused, Limits, bearer_ok, finite_json_list, loads_limited
+from cuvil_edge.daemon.infer import (
+    BadRequest,
+    InferenceCore,
+    MemoryRefused,
+    Refusal,
+    check_input_header,
+    classify,
+    complete_inputs,
+    serialize_bytes,
+)
+from cuvil_edge.daemon.limits import (
+    ANSWER_WINDOW,
+    ANSWERS_FULL,
+    JsonRefused,
+    Limits,
+    answer_bytes,
+    bearer_ok,
+    finite_json_list,
+    loads_limited,
+)
 from cuvil_edge.daemon.models import ModelInstance, ModelRegistry, UnknownModel
-from cuvil_edge.daemon.pipeline import IMAGE_INPUT
 from cuvil_edge.daemon.shm import OutputTarget, SharedMemoryError, SharedMemoryRegistry, shm_params, shm_route
-from cuvil_edge.errors import BundleError, CuvilEdgeError, DaemonError
+from cuvil_edge.daemon.state import ServerState
+from cuvil_edge.errors import BundleError, CuvilEdgeError
 from cuvil_edge.runtime.base import datatype_of
 
-__all__ = ["EXTENSIONS", "App", "BadRequest", "MemoryRefused", "decode_infer", "model_config_doc",
-           "model_metadata_doc"]
+__all__ = ["EXTENSIONS", "App", "decode_infer", "model_config_doc", "model_metadata_doc"]
 
 log = logging.getLogger("cuvil_edge.daemon.kserve")
 
@@ -58,99 +75,6 @@ _JSON = b"application/json"
 _TEXT = b"text/plain; version=0.0.4; charset=utf-8"
 _EMPTY_OK = b"{}"
 _MAX_NAME = 128  # the bundle contract's longest name (cuvil_edge.bundle.names)
-
-
-class BadRequest(DaemonError):
-    """A request the client must fix; ``status`` is the HTTP code."""
-
-    def __init__(self, message: str, status: int = 400) -> None:
-        super().__init__(message)
-        self.status = status
-
-
-class MemoryRefused(DaemonError):
-    """A model's footprint does not fit the memory budget (HTTP 507)."""
-
-
-def _shape_ok(spec_shape: tuple[int, ...], shape: list[int]) -> bool:
-    if len(spec_shape) != len(shape):
-        return False
-    return all(s < 0 or s == d for s, d in zip(spec_shape, shape, strict=True))
-
-
-def check_input_header(inst: ModelInstance, arrays: dict[str, np.ndarray], name: Any, shape: list[int],
-                       datatype: Any) -> Any:
-    """The checks every front end makes on one input's name, shape and datatype, before its data.
-
-    HTTP (JSON) and gRPC (protobuf) carry the same three fields in different forms; both call this
-    so a request is refused for the same reason with the same words over either. Returns the
-    model's :class:`~cuvil_edge.runtime.base.TensorSpec` of the input.
-
-    Raises:
-        BadRequest: unknown or repeated input, negative dimension, wrong datatype or shape.
-    """
-    spec = inst.input_specs.get(name) if isinstance(name, str) else None
-    if spec is None:
-        raise BadRequest(f"unexpected inference input '{name}' for model '{inst.name}'; it takes "
-                         f"{sorted(inst.input_specs)}")
-    if name in arrays:
-        raise BadRequest(f"input '{name}' is given twice")
-    if any(d < 0 for d in shape):
-        raise BadRequest(f"input '{name}': shape must hold non-negative integers, got {shape}")
-    if datatype != spec.datatype:
-        raise BadRequest(f"inference input '{name}' data-type is '{datatype}', but model "
-                         f"'{inst.name}' expects '{spec.datatype}'")
-    if name == IMAGE_INPUT and inst.pipeline is not None and inst.pipeline.image_spec is spec:
-        if len(shape) not in (3, 4) or shape[-1] != 3 or 0 in shape:
-            raise BadRequest(f"input '{IMAGE_INPUT}' must be UINT8 [H, W, 3] or [N, H, W, 3] (HWC RGB), "
-                             f"got shape {shape}")
-    elif not _shape_ok(spec.shape, shape):
-        raise BadRequest(f"unexpected shape for input '{name}' for model '{inst.name}'. Expected "
-                         f"{list(spec.shape)}, got {shape}")
-    return spec
-
-
-def complete_inputs(inst: ModelInstance, arrays: dict[str, np.ndarray]) -> int:
-    """Checks the decoded inputs as a whole and returns the batch size (1 for a model without batching).
-
-    Required inputs are the model's, except the first when the daemon's ``image`` input replaces it
-    (a single ``[H, W, 3]`` image gains its batch axis here). Shared by HTTP and gRPC.
-
-    Raises:
-        BadRequest: both the image and the tensor it replaces, a missing input, batch sizes that
-            disagree, or a batch over the model's maximum.
-    """
-    model_inputs = [s.name for s in (inst.pipeline.model_inputs if inst.pipeline else [])]
-    required = set(model_inputs)
-    if IMAGE_INPUT in arrays and model_inputs and IMAGE_INPUT not in model_inputs:
-        if model_inputs[0] in arrays:
-            raise BadRequest(f"give either '{IMAGE_INPUT}' or '{model_inputs[0]}', not both")
-        required.discard(model_inputs[0])
-        if arrays[IMAGE_INPUT].ndim == 3:
-            arrays[IMAGE_INPUT] = arrays[IMAGE_INPUT][None]
-    missing = sorted(required - set(arrays))
-    if missing:
-        raise BadRequest(f"model '{inst.name}' expects input {missing[0]!r}"
-                         + (f" (or '{IMAGE_INPUT}')" if inst.pipeline and inst.pipeline.image_spec
-                            and missing[0] == model_inputs[0] else ""))
-    if not inst.max_batch:
-        return 1
-    sizes = {a.shape[0] for a in arrays.values()}
-    if len(sizes) != 1:
-        raise BadRequest(f"inputs disagree on the batch size (first dimension): {sorted(sizes)}")
-    n = sizes.pop()
-    if n < 1 or n > inst.max_batch:
-        raise BadRequest(f"inference request batch-size must be <= {inst.max_batch} for "
-                         f"'{inst.name}', got {n}")
-    return n
-
-
-def _serialize_bytes(values: list[bytes]) -> bytes:
-    out = bytearray()
-    for v in values:
-        out += len(v).to_bytes(4, "little")
-        out += v
-    return bytes(out)
 
 
 _JSON_BYTES_PER_VALUE = 40  # "-1.2345678901234567e-308, " and then some
@@ -173,7 +97,7 @@ def _json_bound(inst: ModelInstance) -> int | None:
     return total * _JSON_BYTES_PER_VALUE + (64 << 10)
 
 
-def decode_infer(req_body: bytes, header_len: bytes | None, inst: ModelInstance,
+def decode_infer(req_body: bytes | bytearray, header_len: bytes | None, inst: ModelInstance,
                  shm: SharedMemoryRegistry | None = None, limits: Limits | None = None,
                  ) -> tuple[dict[str, Any], dict[str, np.ndarray], int,
                             list[tuple[str, bool, int, OutputTarget | None]] | None, bool]:
@@ -192,7 +116,7 @@ def decode_infer(req_body: bytes, header_len: bytes | None, inst: ModelInstance,
         raise BadRequest(str(exc), exc.status) from None
 
 
-def _decode_infer(req_body: bytes, header_len: bytes | None, inst: ModelInstance,
+def _decode_infer(req_body: bytes | bytearray, header_len: bytes | None, inst: ModelInstance,
                   shm: SharedMemoryRegistry | None, limits: Limits,
                   ) -> tuple[dict[str, Any], dict[str, np.ndarray], int,
                              list[tuple[str, bool, int, OutputTarget | None]] | None, bool]:
@@ -263,7 +187,7 @@ def _decode_infer(req_body: bytes, header_len: bytes | None, inst: ModelInstance
             if offset + bsize > nbin:
                 raise BadRequest(f"truncated binary data: input '{name}' needs {bsize} bytes at offset "
                                  f"{offset} but only {nbin - offset} remain")
-            arr = np.frombuffer(binary, dtype, count, offset).reshape(shape)  # type: ignore[arg-type]
+            arr = np.frombuffer(binary, dtype, count, offset).reshape(shape)
             if (offset + len(header_bytes)) % dtype.itemsize:
                 arr = arr.copy()  # unaligned in the body: give the runtime an aligned array
             offset += bsize
@@ -279,7 +203,7 @@ def _decode_infer(req_body: bytes, header_len: bytes | None, inst: ModelInstance
                 raise BadRequest(f"input '{name}': {arr.size} elements given for shape {shape} "
                                  f"({count} expected)")
             arr = arr.reshape(shape)
-        arrays[name] = arr
+        arrays[spec.name] = arr
     if binary is not None and offset != nbin:
         raise BadRequest(f"the binary part of the body has {nbin - offset} bytes that no input claims "
                          "(check binary_data_size)")
@@ -384,7 +308,7 @@ def _to_shared_memory(entry: dict[str, Any], blobs: list[bytes], target: OutputT
     if "binary_data_size" in params:
         blobs.pop()
     entry.pop("data", None)
-    data = _serialize_bytes(value) if isinstance(value, list) else value
+    data = serialize_bytes(value) if isinstance(value, list) else value
     size = SharedMemoryRegistry.write(target, data, f"output '{entry['name']}'")
     entry["parameters"] = {"shared_memory_region": target.region.name, "shared_memory_byte_size": size}
     if target.offset:
@@ -399,7 +323,7 @@ class App:
 
     Args:
         registry (ModelRegistry): the served models.
-        state (Any): the daemon's ServerState (ready, shutting_down, counters).
+        state (ServerState): the daemon's shared state (ready, shutting_down, counters).
         token (str | None): bearer token required everywhere but ``/v2/health/*``.
         metrics (Callable[[], bytes]): renders ``/metrics``.
         pressure (Callable[[], tuple[bool, float]] | None): ``(reject, retry_after_s)`` from the
@@ -408,7 +332,7 @@ class App:
         limits (Limits | None): JSON size and depth limits. Defaults to :class:`Limits` ().
     """
 
-    def __init__(self, registry: ModelRegistry, state: Any, token: str | None,
+    def __init__(self, registry: ModelRegistry, state: ServerState, token: str | None,
                  metrics: Callable[[], bytes], pressure: Callable[[], tuple[bool, float]] | None = None,
                  max_body: int = 64 << 20, shm: SharedMemoryRegistry | None = None,
                  limits: Limits | None = None) -> None:
@@ -419,6 +343,7 @@ class App:
         self.limits = limits or Limits(max_body=max_body)
         self.metrics = metrics
         self.pressure = pressure
+        self.core = InferenceCore(registry, state, pressure)
         self.max_body = max_body
         self._tasks: set[asyncio.Task[None]] = set()
         self._server_meta = json.dumps({"name": "cuvil-edged", "version": __version__,
@@ -440,7 +365,8 @@ class App:
         method = req.method
         if n >= 4 and parts[1] == "v2" and parts[2] == "models":
             if n == 4 and parts[3] == "stats":
-                self._get_only(req) and self._stats(req, None, None)
+                if self._get_only(req):
+                    self._stats(req, None, None)
                 return
             name = unquote(parts[3])
             rest = parts[4:]
@@ -458,26 +384,33 @@ class App:
                 else:
                     self._infer(req, name, version)
             elif action == "":
-                self._get_only(req) and self._model_metadata(req, name, version)
+                if self._get_only(req):
+                    self._model_metadata(req, name, version)
             elif action == "ready":
-                self._get_only(req) and self._model_ready(req, name, version)
+                if self._get_only(req):
+                    self._model_ready(req, name, version)
             elif action == "config":
-                self._get_only(req) and self._model_config(req, name, version)
+                if self._get_only(req):
+                    self._model_config(req, name, version)
             elif action == "stats":
-                self._get_only(req) and self._stats(req, name, version)
+                if self._get_only(req):
+                    self._stats(req, name, version)
             else:
                 req.error(404, f"no such endpoint: {path}")
             return
         if path == "/v2/health/live":
-            self._get_only(req) and req.respond(200 if not self.state.stopped else 503, b"")
+            if self._get_only(req):
+                req.respond(200 if not self.state.stopped else 503, b"")
         elif path == "/v2/health/ready":
             if self._get_only(req):
                 ok = self.state.ready and not self.state.shutting_down
                 req.respond(200 if ok else 503, b"" if ok else json_error("server is not ready"))
         elif path in ("/v2", "/v2/"):
-            self._get_only(req) and req.respond(200, self._server_meta)
+            if self._get_only(req):
+                req.respond(200, self._server_meta)
         elif path == "/metrics":
-            self._get_only(req) and req.respond(200, self.metrics(), _TEXT)
+            if self._get_only(req):
+                req.respond(200, self.metrics(), _TEXT)
         elif n >= 4 and parts[1] == "v2" and parts[2] in ("systemsharedmemory", "cudasharedmemory"):
             shm_route(self.shm, req, parts)
         elif n >= 4 and parts[1] == "v2" and parts[2] == "repository":
@@ -502,10 +435,17 @@ class App:
 
     def _lookup(self, req: Request, name: str, version: str | None) -> ModelInstance | None:
         try:
-            return self.registry.get(name, version)
+            return self.core.lookup(name, version)
+        except Refusal as exc:
+            self._refuse(req, exc)
         except UnknownModel as exc:
             req.error(400, str(exc))
-            return None
+        return None
+
+    @staticmethod
+    def _refuse(req: Request, exc: Refusal) -> None:
+        headers = [(b"retry-after", str(exc.retry_after).encode())] if exc.retry_after is not None else None
+        req.error(exc.status, str(exc), headers)
 
     # ------------------------------------------------------------------ metadata
 
@@ -601,20 +541,13 @@ class App:
     # ------------------------------------------------------------------ inference
 
     def _infer(self, req: Request, name: str, version: str | None) -> None:
-        if self.pressure is not None:
-            reject, retry = self.pressure()
-            if reject:
-                self.state.rejected += 1
-                entry = self.registry.entries.get(name)
-                if entry is not None and entry.instance is not None:
-                    entry.instance.stats.rejected += 1
-                    entry.instance.stats.record_request(False, 0)
-                req.error(503, "memory pressure: the daemon is refusing new requests for now; retry later",
-                          [(b"retry-after", str(max(1, int(round(retry)))).encode())])
-                return
-        inst = self._lookup(req, name, version)
-        if inst is None:
-            self.state.failed_unknown += 1
+        try:
+            inst = self.core.admit_request(name, version)
+        except Refusal as exc:
+            self._refuse(req, exc)
+            return
+        except UnknownModel as exc:
+            req.error(400, str(exc))
             return
         enc = req.headers.get(b"content-encoding")
         hl = req.headers.get(b"inference-header-content-length")
@@ -622,7 +555,7 @@ class App:
         if enc is not None or big_text:
             # Decompressing or parsing a large JSON tensor takes milliseconds: off the event loop,
             # so other connections keep being served meanwhile.
-            inst.inflight += 1  # keeps the instance from retiring while we decode
+            self.core.pin(inst)  # keeps the instance from retiring while we decode
             fut = asyncio.get_running_loop().run_in_executor(None, self._decode, req, inst, enc, hl)
             fut.add_done_callback(lambda f: self._decoded(req, inst, f))
             return
@@ -646,7 +579,7 @@ class App:
         return decode_infer(body, hl, inst, self.shm, self.limits)
 
     def _decoded(self, req: Request, inst: ModelInstance, fut: Any) -> None:
-        inst.inflight -= 1
+        self.core.unpin(inst)
         if req.cancelled:
             return
         exc = fut.exception()
@@ -654,31 +587,34 @@ class App:
             self._bad(req, inst, exc)
         elif exc is not None:
             log.error("decoding a request failed: %r", exc)
-            inst.stats.record_request(False, int((time.perf_counter() - req.received) * 1e9))
+            self.core.refused(inst, req.received)
             req.error(500, f"internal error decoding the request: {type(exc).__name__}")
         else:
             self._submit(req, inst, fut.result())
 
-    @staticmethod
-    def _bad(req: Request, inst: ModelInstance, exc: BadRequest) -> None:
-        inst.stats.record_request(False, int((time.perf_counter() - req.received) * 1e9))
+    def _bad(self, req: Request, inst: ModelInstance, exc: BadRequest) -> None:
+        self.core.refused(inst, req.received)
         req.error(exc.status, str(exc))
 
     def _submit(self, req: Request, inst: ModelInstance, decoded: Any) -> None:
         doc, arrays, n, outputs, binary_out = decoded
-        if IMAGE_INPUT in arrays and inst.pipeline is not None and inst.pipeline.image_spec is not None:
-            key: Any = IMAGE_INPUT
-        else:
-            key = tuple((k, a.shape[1:]) for k, a in arrays.items()) if inst.max_batch else None
+        # The answer is counted in --max-buffered-mb before it is computed (released once sent),
+        # so answers that clients do not read cannot pile up past it (docs/hardening.md).
+        expected = answer_bytes(inst.output_specs, n)
+        if expected > ANSWER_WINDOW:
+            if not self.state.reserve(expected):
+                self.state.refused["buffered"] = self.state.refused.get("buffered", 0) + 1
+                self.core.refused(inst, req.received)
+                req.error(503, ANSWERS_FULL, [(b"retry-after", b"1")])
+                return
+            req.reserved += expected
         rid = doc.get("id")
         wanted = [o[0] for o in outputs] if outputs is not None else None
         out_list = outputs if outputs is not None else [(s, binary_out, 0, None) for s in inst.output_specs]
-        encode = self._encoder(inst, out_list, rid)
-        p = Pending(arrays, n, key, wanted, self._deliver, encode, (req, inst))
-        req.state = p
-        inst.submit(p)
+        req.state = self.core.enqueue(inst, arrays, n, wanted, self._deliver, self._encoder(inst, out_list, rid),
+                                     (req, inst))
 
-    def _decompress(self, body: bytes, enc: bytes) -> bytes:
+    def _decompress(self, body: bytes | bytearray, enc: bytes) -> bytes:
         wbits = 31 if enc == b"gzip" else 15
         d = zlib.decompressobj(wbits)
         try:
@@ -691,10 +627,10 @@ class App:
 
     @staticmethod
     def _encoder(inst: ModelInstance, out_list: list[tuple[str, bool, int, OutputTarget | None]],
-                 rid: Any) -> Callable[[Pending], tuple[int, Any, bytes, list[tuple[bytes, bytes]] | None]]:
+                 rid: Any) -> Callable[[Pending], tuple[int, Any, bytes, list[tuple[bytes, bytes]] | None] | None]:
         name, version = inst.name, inst.version
 
-        def encode(p: Pending) -> tuple[int, Any, bytes, list[tuple[bytes, bytes]] | None]:
+        def encode(p: Pending) -> tuple[int, Any, bytes, list[tuple[bytes, bytes]] | None] | None:
             result = p.result
             assert result is not None
             outs = []
@@ -702,15 +638,10 @@ class App:
             for oname, binary, cls, target in out_list:
                 arr = result[oname]
                 if cls:
-                    rows = arr.reshape(arr.shape[0] if arr.ndim > 1 else 1, -1)
-                    k = min(cls, rows.shape[1])
-                    idx = np.argsort(-rows, axis=1, kind="stable")[:, :k]
-                    vals = np.take_along_axis(rows, idx, 1)
-                    strings = [f"{v:f}:{i}".encode() for rv, ri in zip(vals, idx, strict=True)
-                               for v, i in zip(rv.tolist(), ri.tolist(), strict=True)]
-                    entry: dict[str, Any] = {"name": oname, "datatype": "BYTES", "shape": [rows.shape[0], k]}
+                    shape, strings = classify(arr, cls)
+                    entry: dict[str, Any] = {"name": oname, "datatype": "BYTES", "shape": shape}
                     if binary:
-                        blob = _serialize_bytes(strings)
+                        blob = serialize_bytes(strings)
                         entry["parameters"] = {"binary_data_size": len(blob)}
                         blobs.append(blob)
                     else:
@@ -727,7 +658,8 @@ class App:
                     try:
                         _to_shared_memory(entry, blobs, target, strings if cls else arr)
                     except SharedMemoryError as exc:  # the client's region is too small: its error
-                        return exc.status, json_error(str(exc)), _JSON, None
+                        p.error = (exc.status, str(exc))
+                        return None
                 outs.append(entry)
             doc: dict[str, Any] = {"model_name": name, "model_version": version, "outputs": outs}
             if rid is not None:
@@ -741,19 +673,11 @@ class App:
 
     def _deliver(self, p: Pending) -> None:
         req, inst = p.ctx
-        inst.inflight -= 1
-        elapsed = int((time.perf_counter() - req.received) * 1e9)
+        out = self.core.settle(p, inst, req.received, client_gone=req.cancelled)
         if req.cancelled:
-            inst.stats.cancelled += 1
-            inst.stats.record_request(False, elapsed)
             return
-        if p.error is not None:
-            inst.stats.record_request(False, elapsed)
-            req.error(*p.error)
-        elif p.body is None:
-            inst.stats.record_request(False, elapsed)
-            req.error(500, "the request was dropped without an answer")
+        if not out.ok:
+            req.error(out.status, out.message)
         else:
-            inst.stats.record_request(True, elapsed)
-            status, body, ctype, headers = p.body
+            status, body, ctype, headers = out.body
             req.respond(status, body, ctype, headers)

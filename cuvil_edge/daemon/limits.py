@@ -28,13 +28,27 @@ import numpy as np
 from cuvil_edge.errors import DaemonError
 
 __all__ = [
+    "ANSWERS_FULL",
+    "ANSWER_WINDOW",
     "JsonRefused",
     "Limits",
+    "answer_bytes",
+    "MAX_ECHO",
+    "MAX_ERROR",
     "bearer_ok",
     "finite_json_list",
     "json_depth",
     "loads_limited",
+    "printable",
 ]
+
+MAX_ECHO = 256  # characters of client input an error message or log line repeats, at most
+MAX_ERROR = 1024  # characters of one error message sent to a client, at most
+# An answer up to one HTTP/2 window (and a small HTTP answer) goes out at once; a larger one is
+# counted in --max-buffered-mb from before it is computed until its client has taken it.
+ANSWER_WINDOW = 65535
+ANSWERS_FULL = ("the daemon holds its limit of bytes (--max-buffered-mb) in requests and in answers its "
+                "clients have not read yet; retry later")
 
 
 @dataclass(frozen=True)
@@ -155,3 +169,37 @@ def bearer_ok(header: bytes | None, token: bytes | None) -> bool:
     if scheme.lower() != b"bearer":
         return False
     return hmac.compare_digest(credential.strip(), token)
+
+
+def printable(value: Any, limit: int = MAX_ECHO) -> str:
+    """``value`` as text for an error message or log line, cut to ``limit`` characters.
+
+    Errors name what the client sent (a path, a shape, a model name) so it can fix it; a client
+    that sends 2 million dimensions must not get a 6 MB message back (gRPC carries it in a
+    trailer, which the client then refuses as too large) nor fill the log.
+    """
+    text = value.decode("latin-1") if isinstance(value, (bytes, bytearray)) else str(value)
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}... ({len(text)} characters)"
+
+
+def answer_bytes(output_specs: Any, batch: int) -> int:
+    """Bytes of a model's outputs for a batch of ``batch``, from its specs, before it runs.
+
+    The first dynamic dimension is the batch; an output with another dynamic dimension has no
+    size known in advance and counts 0 (its answer is counted once it exists). Lets a front end
+    refuse a request whose answer would not fit in ``--max-buffered-mb`` before computing it.
+    """
+    total = 0
+    for spec in output_specs.values():
+        count = np.dtype(spec.dtype).itemsize
+        for i, d in enumerate(spec.shape):
+            if d is None or d < 0:
+                if i:
+                    count = 0
+                    break
+                d = batch
+            count *= int(d)
+        total += count
+    return total

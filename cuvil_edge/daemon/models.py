@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -33,13 +33,47 @@ from cuvil_edge.runtime import Backend, BackendOptions, TensorSpec, load_backend
 from cuvil_edge.runtime.buffers import BufferPool
 from cuvil_edge.runtime.trt_select import EngineChoice, backend_for_choice, choose_engine
 
-__all__ = ["ModelEntry", "ModelInstance", "ModelRegistry", "UnknownModel"]
+if TYPE_CHECKING:
+    from cuvil_edge.daemon.config import Config
+
+__all__ = ["ModelEntry", "ModelInstance", "ModelRegistry", "ModelUnavailable", "UnknownModel", "io_bytes_per_item"]
 
 log = logging.getLogger("cuvil_edge.daemon.models")
 
 
+def io_bytes_per_item(manifest: Manifest) -> int:
+    """Bytes one sample's inputs and outputs take (free dimensions counted as 1): what the memory
+    scheduler multiplies by batches queued and in flight."""
+    total = 0
+    for entry in [*manifest.inputs, *manifest.outputs]:
+        try:
+            spec = TensorSpec.from_manifest(entry)
+        except CuvilEdgeError:
+            continue
+        n = 1
+        for d in spec.shape[1:]:
+            n *= max(d, 1)
+        total += n * spec.dtype.itemsize
+    return total
+
+
+def _first_line(exc: BaseException) -> str:
+    """An exception's message cut to its first line (ONNX Runtime's carry a stack of their own)."""
+    text = str(exc).strip()
+    return text.splitlines()[0][:500] if text else ""
+
+
 class UnknownModel(DaemonError):
     """The request names a model (or version) that is not being served."""
+
+
+class ModelUnavailable(UnknownModel):
+    """The model is not served now but comes back by itself (unloaded under memory pressure, it
+    loads again once the pressure eases): a retry after ``retry_after`` seconds may succeed."""
+
+    def __init__(self, message: str, retry_after: int) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
 
 
 class ModelInstance:
@@ -91,18 +125,40 @@ class ModelInstance:
         self.single_us: float | None = None  # EWMA of a batch-1 execution, microseconds
         self.input_specs: dict[str, TensorSpec] = {}
         self.output_specs: dict[str, TensorSpec] = {}
+        # Bytes of one sample's inputs and outputs, from the manifest once (the memory tick reads it).
+        self.io_bytes_per_item = io_bytes_per_item(manifest)
         # Which runtime serves this version and why (/config and cuvil-edge status report it).
         self.engine = EngineChoice()
 
     # ------------------------------------------------------------------ loading (worker thread)
 
     def load(self, warmup: bool = True) -> None:
-        """Activate the backend, build the pipeline, warm up and check the sample."""
-        self.backend.activate()
+        """Activate the backend, build the pipeline, warm up and check the sample.
+
+        Raises:
+            CuvilEdgeError: the model does not load, does not run on its warm-up inputs, or
+                answers its sample differently from ``sample/expected.npz``. A failure of the
+                runtime itself (ONNX Runtime's own exceptions) is one :class:`DaemonError` naming
+                the model and the step, so one model's failure never takes the daemon down.
+        """
+        step = "loading"
+        try:
+            self.backend.activate()
+        except CuvilEdgeError:
+            raise
+        except Exception as exc:
+            raise DaemonError(f"{self.name} {self.version}: the runtime cannot load the model: "
+                              f"{type(exc).__name__}: {_first_line(exc)}") from exc
         try:
             ins, outs = self.backend.inputs, self.backend.outputs
             self.pipeline = Pipeline(self.spec, ins, outs)
-            batching = bool(ins) and all(s.shape and s.shape[0] == -1 for s in ins)
+            # Requests are concatenated on axis 0. A model batches across requests only when every
+            # input has its batch there: an input whose batch axis is elsewhere (a recurrent state
+            # [2, batch, 128]), a scalar, or a declared state input runs one request per execution,
+            # so two clients' states are never mixed.
+            axes = self.spec.batch_axes
+            batching = (bool(ins) and all(s.shape and s.shape[0] == -1 and axes.get(s.name, 0) == 0 for s in ins)
+                        and not self.spec.state_inputs)
             # No max_batch in the manifest (or 0): the daemon's own default for a batching model.
             mb = self.spec.max_batch if self.spec.declared("max_batch") else 0
             if batching:
@@ -113,36 +169,44 @@ class ModelInstance:
             self.input_specs = {s.name: s for s in self.pipeline.request_inputs}
             self.output_specs = {s.name: s for s in self.pipeline.request_outputs}
             if warmup:
+                step = "warm-up"
                 self._warmup()
             self.footprint_bytes = self.backend.footprint().total
-        except BaseException:
+        except BaseException as exc:
             self.backend.deactivate()
+            if isinstance(exc, Exception) and not isinstance(exc, CuvilEdgeError):
+                raise DaemonError(f"{self.name} {self.version}: {step} failed: {type(exc).__name__}: "
+                                  f"{_first_line(exc)}") from exc
             raise
         self.loaded_at = time.time()
 
     def _warmup(self) -> None:
+        """Run the model on real inputs before it serves: the bundle's own sample (checked against
+        ``sample/expected.npz``), else the optimization profile's shapes, else, for a model whose
+        inputs have no free dimension but the batch, zeros of its shape. Never invented sizes: a
+        detector's Resize or a streaming model's Pad refuses a 1x1 image or a 1-sample chunk."""
         sample = self._sample()
-        feeds: list[dict[str, np.ndarray]] = []
-        if sample is not None:
-            feeds.append(sample)
-        else:
-            feeds.append(self._zeros(1))
-        if self.max_batch > 1:
-            feeds.append(self._zeros(self.max_batch))
-        for feed in feeds:
-            self.backend.infer(feed)
+        feed = sample if sample is not None else self._profile_feed()
+        if feed is None:
+            log.info("%s %s: no sample inputs and no profile shapes for its dynamic dimensions; warm-up skipped",
+                     self.name, self.version)
+            return
+        self.backend.infer(feed)
         if sample is not None:
             self._check_expected(sample)
-        one = self._zeros(1)
+        one = self._rows(feed, 1)
         self.backend.infer(one)
         t0 = time.perf_counter()
         self.backend.infer(one)
         self.single_us = (time.perf_counter() - t0) * 1e6
         if self.max_batch > 1 and self._autotune:
-            self.batch_limit = self._tune_batch()
+            self.batch_limit = self._tune_batch(one)
+            # Timing batch 8 grew the runtime's arena by its activations: give them back, so the
+            # daemon's memory after warm-up is what serving needs (bench_serving reports both).
+            self.backend.release_scratch(one)
 
-    def _tune_batch(self) -> int:
-        """The batch size with the lowest time per sample, measured on zeros at warm-up.
+    def _tune_batch(self, one: dict[str, np.ndarray]) -> int:
+        """The batch size with the lowest time per sample, measured at warm-up on the warm-up input.
 
         Bigger is not always faster: on a CPU, EfficientNet-Lite0 at batch 4 or 8 spills its
         activations out of the caches and can cost more per image than at batch 1 (measured here:
@@ -152,7 +216,7 @@ class ModelInstance:
         to be chosen; among sizes within 5% of the best, the larger wins.
         """
         sizes = sorted({1, self.max_batch} | {2 ** k for k in range(1, 8) if 2 ** k < self.max_batch})
-        feeds = {n: self._zeros(n) for n in sizes}
+        feeds = {n: self._rows(one, n) for n in sizes}
         for n in sizes:
             self.backend.infer(feeds[n])
         samples: dict[int, list[float]] = {n: [] for n in sizes}
@@ -173,10 +237,26 @@ class ModelInstance:
                  self.batch_profile_us)
         return chosen
 
-    def _zeros(self, n: int) -> dict[str, np.ndarray]:
+    def _rows(self, feed: dict[str, np.ndarray], n: int) -> dict[str, np.ndarray]:
+        """``feed`` with ``n`` samples: its first sample repeated on axis 0 for a batching model;
+        unchanged for one that does not batch (its inputs are one request as they are)."""
+        if not self.max_batch:
+            return feed
+        return {k: np.repeat(v[:1], n, axis=0) for k, v in feed.items()}
+
+    def _profile_feed(self) -> dict[str, np.ndarray] | None:
+        """Zeros in the shapes the recipe's optimization profiles name (``opt``, batch 1), or the
+        model's own shapes when only the batch axis is free; None when a size is unknown."""
+        profiles = self.spec.profile_shapes
+        axes = self.spec.batch_axes
         feed = {}
         for s in self.backend.inputs:
-            shape = tuple(n if (i == 0 and d < 0) else (d if d > 0 else 1) for i, d in enumerate(s.shape))
+            shape = list(profiles.get(s.name) or s.shape)
+            axis = axes.get(s.name, 0)
+            if axis is not None and axis < len(shape):
+                shape[axis] = 1
+            if len(shape) != len(s.shape) or any(d < 0 for d in shape):
+                return None
             feed[s.name] = np.zeros(shape, s.dtype)
         return feed
 
@@ -242,10 +322,14 @@ class ModelInstance:
         pipe = self.pipeline
         assert pipe is not None
         ready: list[tuple[Pending, dict[str, np.ndarray]]] = []
+        geometry: dict[int, np.ndarray] = {}  # request image -> model input placement, by id(p)
         for p in batch:
             if p.cancelled:
                 continue
             try:
+                geo = pipe.geometry(p.inputs)
+                if geo is not None:
+                    geometry[id(p)] = geo
                 ready.append((p, pipe.prepare(p.inputs)))
             except CuvilEdgeError as exc:
                 p.error = (400, str(exc))
@@ -298,7 +382,11 @@ class ModelInstance:
             n = p.n
             p.result = {k: v[offset:offset + n] for k, v in out.items()} if len(ready) > 1 else out
             offset += n
+            if id(p) in geometry:  # boxes in the client's image, not the letterboxed model input
+                p.result = pipe.to_image_space(p.result, geometry[id(p)])
             if p.encode is not None:
+                # An encoder returns the answer, or sets p.error for a client's mistake it finds
+                # (a shared-memory region too small for an output) and returns None.
                 try:
                     p.body = p.encode(p)
                 except Exception as exc:
@@ -332,6 +420,7 @@ class ModelEntry:
     instance: ModelInstance | None = None
     state: str = "UNAVAILABLE"
     reason: str = ""
+    retry_after: int | None = None  # seconds: the model comes back by itself (unloaded under pressure)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
 
@@ -341,7 +430,7 @@ class ModelRegistry:
     Args:
         store (BundleStore): where bundles come from.
         options (BackendOptions): backend options.
-        config (Any): the daemon Config (batching, warm-up, public key).
+        config (Config): the daemon's settings (batching, warm-up, public key, engine choice).
         admit (Callable | None): ``admit(name, version, bundle_dir, manifest, estimate_bytes)``
             raising DaemonError when the model does not fit (memory co-scheduler); None to skip.
         release (Callable | None): ``release(name, version)`` when an instance is retired.
@@ -349,7 +438,7 @@ class ModelRegistry:
         pool (BufferPool | None): where batch buffers come from. Defaults to plain allocations.
     """
 
-    def __init__(self, store: BundleStore, options: BackendOptions, config: Any,
+    def __init__(self, store: BundleStore, options: BackendOptions, config: Config,
                  admit: Callable[..., Any] | None = None,
                  release: Callable[[str, str], Any] | None = None,
                  measured: Callable[[str, str, int], Any] | None = None,
@@ -372,6 +461,9 @@ class ModelRegistry:
         entry = self.entries.get(name)
         inst = entry.instance if entry is not None else None
         if inst is None:
+            if entry is not None and entry.retry_after is not None:
+                raise ModelUnavailable(f"model '{name}' is not available now ({entry.reason}); retry in "
+                                       f"{entry.retry_after} s", entry.retry_after)
             if entry is not None and entry.reason:
                 raise UnknownModel(f"Request for unknown model: '{name}' has no available versions"
                                    f" ({entry.reason})")
@@ -425,18 +517,28 @@ class ModelRegistry:
             try:
                 inst = await loop.run_in_executor(None, self._build, name, version)
             except BaseException as exc:
+                failure = exc
+                if isinstance(exc, Exception) and not isinstance(exc, CuvilEdgeError):
+                    # Whatever a bundle's files or the runtime raise, the caller gets one error
+                    # naming the model; the daemon and the other models go on.
+                    failure = DaemonError(f"{name}: load failed: {type(exc).__name__}: {_first_line(exc)}")
+                    log.debug("loading model %s failed", name, exc_info=exc)
                 if entry.instance is None:
                     entry.state = "UNAVAILABLE"
-                    entry.reason = f"load failed: {exc}"
+                    entry.reason = f"load failed: {failure}"
+                    entry.retry_after = None
                 else:
                     entry.state = previous_state
-                log.error("loading model %s failed: %s", name, exc)
+                log.error("loading model %s failed: %s", name, failure)
+                if failure is not exc:
+                    raise failure from exc
                 raise
             inst.start(loop)
             old = entry.instance
             entry.instance = inst
             entry.state = "READY"
             entry.reason = ""
+            entry.retry_after = None
             log.info("model %s version %s ready (%s backend, max batch %d, %.1f MiB)%s", name, inst.version,
                      inst.engine.backend, inst.max_batch, inst.footprint_bytes / 1048576,
                      f"; {inst.engine.reason}" if inst.engine.reason else "")
@@ -444,8 +546,14 @@ class ModelRegistry:
                 self._retire(old)
             return inst
 
-    async def unload(self, name: str) -> None:
+    async def unload(self, name: str, reason: str = "unloaded", retry_after: int | None = None) -> None:
         """Stop serving ``name``; requests it already holds still complete.
+
+        Args:
+            name (str): the model.
+            reason (str): what the index and refused requests say. Defaults to "unloaded".
+            retry_after (int | None): seconds after which it is expected back (unloaded under
+                memory pressure: requests get 503 with Retry-After); None for an unload that lasts.
 
         Raises:
             UnknownModel: the model is not loaded.
@@ -457,7 +565,8 @@ class ModelRegistry:
             old = entry.instance
             entry.instance = None
             entry.state = "UNAVAILABLE"
-            entry.reason = "unloaded"
+            entry.reason = reason
+            entry.retry_after = retry_after
             if old is not None:
                 self._retire(old)
                 log.info("model %s version %s unloaded", name, old.version)
@@ -475,10 +584,20 @@ class ModelRegistry:
                               f"but it is stored under {name!r}; reinstall the bundle")
         ver = manifest.version
         choice = self._choose_engine(bundle_dir, manifest)
-        backend = self._backend(choice, bundle_dir, manifest)
+        try:
+            backend = self._backend(choice, bundle_dir, manifest)
+            estimate = backend.footprint().total
+        except CuvilEdgeError as exc:
+            if choice.backend == "onnxruntime":
+                raise
+            # A plan whose record matches but whose bytes are no engine (rewritten together).
+            log.warning("%s %s: engine %s cannot be opened (%s); serving with ONNX Runtime", name, ver,
+                        choice.engine_key, exc)
+            choice = choice.fall_back(f"engine failed to load: {exc}", refused=True)
+            backend = self._backend(choice, bundle_dir, manifest)
+            estimate = backend.footprint().total
         inst = self._instance(name, ver, bundle_dir, manifest, backend)
         inst.engine = choice
-        estimate = backend.footprint().total
         if self.admit is not None:
             self.admit(name, ver, bundle_dir, manifest, estimate)
         try:
@@ -508,9 +627,8 @@ class ModelRegistry:
         cfg = self.config
         try:
             return choose_engine(Path(self.store.layout.engines_dir), bundle_dir, manifest,
-                                 root=str(getattr(cfg, "root", "/") or "/"), dla_core=getattr(cfg, "dla_core", None),
-                                 allow_standin=bool(getattr(cfg, "engine_standin", False)),
-                                 device=str(getattr(cfg, "device", "auto")))
+                                 root=cfg.root or "/", dla_core=cfg.dla_core,
+                                 allow_standin=cfg.engine_standin, device=cfg.device)
         except CuvilEdgeError as exc:
             return EngineChoice(precision=manifest.precision).fall_back(f"engine lookup failed: {exc}")
 
@@ -531,7 +649,7 @@ class ModelRegistry:
         return ModelInstance(name, ver, bundle_dir, manifest, backend, self.config.max_batch,
                              self.config.preferred_batch, self.config.max_queue_delay_us,
                              max(1, self.config.max_depth), float(self.config.inline_us), self.pool,
-                             bool(getattr(self.config, "batch_autotune", True)))
+                             self.config.batch_autotune)
 
     def _retire(self, inst: ModelInstance) -> None:
         task = asyncio.ensure_future(self._retire_when_idle(inst))

@@ -14,7 +14,9 @@ Post-processing adds outputs computed from the model's first output:
 * ``detection``: :data:`DETECTIONS` (FP32 ``[N, max_detections, 6]``: x1, y1, x2, y2, score,
   class; zero rows after the last) and :data:`NUM_DETECTIONS` (INT32 ``[N]``). The raw output is
   ``[N, A, 4 + C]`` or ``[N, 4 + C, A]`` (YOLOv8 style, transposed when the middle dimension is
-  the smaller), boxes in ``box_format``.
+  the smaller), boxes in ``box_format``. A request that sent an ``image`` gets its boxes in that
+  image's pixels (letterbox and resize undone, clipped to the image) and the model-space ones as
+  :data:`DETECTIONS_MODEL`.
 
 The heavy steps use :mod:`cuvil_edge.sve` kernels when that package imports and its library is
 built, numpy otherwise (the same arithmetic; the kernels' scalar path is their reference).
@@ -34,12 +36,14 @@ from cuvil_edge.runtime.base import TensorSpec
 
 __all__ = [
     "DETECTIONS",
+    "DETECTIONS_MODEL",
     "IMAGE_INPUT",
     "NUM_DETECTIONS",
     "TOPK_CLASSES",
     "TOPK_SCORES",
     "Pipeline",
     "kernels",
+    "top_k",
 ]
 
 log = logging.getLogger("cuvil_edge.daemon.pipeline")
@@ -48,6 +52,7 @@ IMAGE_INPUT = "image"
 TOPK_SCORES = "topk_scores"
 TOPK_CLASSES = "topk_classes"
 DETECTIONS = "detections"
+DETECTIONS_MODEL = "detections_model"
 NUM_DETECTIONS = "num_detections"
 
 _SVE: Any = None
@@ -62,7 +67,7 @@ def kernels() -> Any:
         try:
             from cuvil_edge import sve
 
-            info = sve.cpu_info() if hasattr(sve, "cpu_info") else None
+            info: dict[str, Any] | None = sve.cpu_info() if hasattr(sve, "cpu_info") else None
             _SVE = sve if info is not None else None
             if info is not None:
                 # One line per process, so an operator (and the HIL rig) sees the ISA chosen per op.
@@ -106,7 +111,10 @@ def _softmax(x: np.ndarray) -> np.ndarray:
     return e / e.sum(axis=-1, keepdims=True)
 
 
-def _topk(x: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+def top_k(x: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """The ``k`` largest values of each row (last axis) and their indices, best first, ties by
+    index: the one top-k of the daemon (the classification post-process and Triton's
+    classification extension, :func:`cuvil_edge.daemon.infer.classify`)."""
     k = min(k, x.shape[-1])
     if x.shape[-1] <= 256:  # one sort beats partition + gather + sort on short rows
         idx = np.argsort(-x, axis=-1, kind="stable")[..., :k]
@@ -149,6 +157,8 @@ class Pipeline:
                  outputs: list[TensorSpec]) -> None:
         self.model_inputs = inputs
         self.model_outputs = outputs
+        pre: Mapping[str, Any] | None
+        post: Mapping[str, Any] | None
         if isinstance(manifest, Manifest):
             pre, post = manifest.preprocess, manifest.postprocess
         else:  # the two sections alone (tests, the HIL suite)
@@ -176,6 +186,8 @@ class Pipeline:
             m = int(self.post.get("max_detections", 100))
             self.post_specs = [TensorSpec(DETECTIONS, np.dtype(np.float32), (-1, m, 6)),
                                TensorSpec(NUM_DETECTIONS, np.dtype(np.int32), (-1,))]
+            if self.image_spec is not None:
+                self.post_specs.append(TensorSpec(DETECTIONS_MODEL, np.dtype(np.float32), (-1, m, 6)))
         self.post_names = {s.name for s in self.post_specs}
 
     # ------------------------------------------------------------------ description
@@ -202,6 +214,42 @@ class Pipeline:
         feed = {k: v for k, v in inputs.items() if k != IMAGE_INPUT}
         feed[self.model_inputs[0].name] = tensor.astype(self.model_inputs[0].dtype, copy=False)
         return feed
+
+    def geometry(self, inputs: dict[str, np.ndarray]) -> np.ndarray | None:
+        """Where each request image lands in the model's input, ``[N, 6]`` rows of (scale y,
+        scale x, top, left, height, width): what turns boxes in model space back into the
+        client's pixels. None when the request sent no ``image`` (its tensor is model space)."""
+        if self.image_spec is None or IMAGE_INPUT not in inputs:
+            return None
+        img = inputs[IMAGE_INPUT]
+        ih, iw = img.shape[-3], img.shape[-2]
+        oh, ow = (int(v) for v in self.pre["size"])
+        if self.pre.get("letterbox", False):
+            scale = min(oh / ih, ow / iw)
+            rh, rw = max(1, min(oh, round(ih * scale))), max(1, min(ow, round(iw * scale)))
+            top, left = (oh - rh) // 2, (ow - rw) // 2
+        else:
+            rh, rw, top, left = oh, ow, 0, 0
+        n = img.shape[0] if img.ndim == 4 else 1
+        return np.tile(np.array([[rh / ih, rw / iw, top, left, ih, iw]], np.float32), (n, 1))
+
+    def to_image_space(self, result: dict[str, np.ndarray], geometry: np.ndarray | None) -> dict[str, np.ndarray]:
+        """One request's detections in its image's pixels (letterbox undone, clipped to the image);
+        the model-space boxes stay available as :data:`DETECTIONS_MODEL`."""
+        dets = result.get(DETECTIONS)
+        if geometry is None or dets is None:
+            return result
+        out = dict(result)
+        out[DETECTIONS_MODEL] = dets
+        img = dets.copy()
+        sy, sx, top, left, ih, iw = (geometry[:, i, None] for i in range(6))
+        img[..., [0, 2]] = np.clip((dets[..., [0, 2]] - left) / sx, 0, iw)
+        img[..., [1, 3]] = np.clip((dets[..., [1, 3]] - top) / sy, 0, ih)
+        counts = result.get(NUM_DETECTIONS)
+        if counts is not None:  # rows after the last detection stay zero
+            img[np.arange(img.shape[1])[None, :] >= counts[:, None]] = 0
+        out[DETECTIONS] = img
+        return out
 
     def preprocess_image(self, img: np.ndarray) -> np.ndarray:
         """One HWC uint8 RGB frame -> the model's input layout (no batch dimension)."""
@@ -252,6 +300,8 @@ class Pipeline:
         """Model outputs to compute for the union of requested names (None: all)."""
         if wanted is None:
             return None
+        if DETECTIONS_MODEL in wanted:
+            wanted = wanted | {DETECTIONS}
         names = [s.name for s in self.model_outputs if s.name in wanted]
         if wanted & self.post_names and self.model_outputs and self.model_outputs[0].name not in names:
             names.append(self.model_outputs[0].name)
@@ -271,6 +321,8 @@ class Pipeline:
             dets, counts = self._detect(raw)
             outputs[DETECTIONS] = dets
             outputs[NUM_DETECTIONS] = counts
+            if self.image_spec is not None:  # a tensor request's boxes are model space already
+                outputs[DETECTIONS_MODEL] = dets
         return outputs
 
     def _classify(self, logits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -286,7 +338,7 @@ class Pipeline:
                 log.debug("sve.softmax_topk failed (%s); numpy fallback", exc)
         if soft:
             x = _softmax(x)
-        vals, idx = _topk(x, k)
+        vals, idx = top_k(x, k)
         return vals.astype(np.float32), idx
 
     def _detect(self, raw: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

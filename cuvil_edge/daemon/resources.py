@@ -36,12 +36,21 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from cuvil_edge.bundle.manifest import Manifest
+from cuvil_edge.daemon.infer import MemoryRefused
+from cuvil_edge.daemon.models import io_bytes_per_item
 from cuvil_edge.errors import CuvilEdgeError, DaemonError
 from cuvil_edge.runtime.buffers import BufferPool, Placement
 
 if TYPE_CHECKING:
     from cuvil_edge.daemon.batcher import Batcher
+    from cuvil_edge.daemon.config import Config
     from cuvil_edge.daemon.metrics import ModelStats
+    from cuvil_edge.daemon.models import ModelInstance, ModelRegistry
+    from cuvil_edge.daemon.scheduler import KernelMemory, MemoryScheduler, PrefetchController
+    from cuvil_edge.daemon.systemd import Watchdog
+    from cuvil_edge.targets import Target
+    from cuvil_edge.telemetry import TelemetryMonitor
+    from cuvil_edge.telemetry.control import DepthInputs
 
 __all__ = ["Resources"]
 
@@ -72,6 +81,15 @@ class _StageTimes:
     exec_ms: float | None
     blocked_pct: float | None
     completed_per_s: float | None
+
+    def inputs(self, queue_p95_ms: float | None, target_ms: float | None, memory_level: int,
+               pre_workers: int) -> DepthInputs:
+        """The prefetch controller's inputs for this tick."""
+        from cuvil_edge.telemetry.control import DepthInputs
+
+        return DepthInputs(queue_p95_ms, target_ms, memory_level=memory_level, gpu_busy_pct=self.busy_pct,
+                           pre_ms=self.pre_ms, exec_ms=self.exec_ms, depth_blocked_pct=self.blocked_pct,
+                           completed_per_s=self.completed_per_s, pre_workers=pre_workers)
 
 
 @dataclass(frozen=True)
@@ -115,37 +133,21 @@ class _StageCounters:
                            blocked, completed)
 
 
-def _io_bytes_per_item(manifest: Manifest) -> int:
-    from cuvil_edge.runtime.base import TensorSpec
-
-    total = 0
-    for entry in [*manifest.inputs, *manifest.outputs]:
-        try:
-            spec = TensorSpec.from_manifest(entry)
-        except CuvilEdgeError:
-            continue
-        n = 1
-        for d in spec.shape[1:]:
-            n *= max(d, 1)
-        total += n * spec.dtype.itemsize
-    return total
-
-
 class Resources:
     """Telemetry + memory co-scheduler + prefetch + systemd for the server.
 
     Args:
-        config (Any): the daemon Config (``telemetry``, ``board``, ``memory_reserve_mb``,
+        config (Config): the daemon's settings (``telemetry``, ``board``, ``memory_reserve_mb``,
             ``max_depth``, ``tick``).
     """
 
-    def __init__(self, config: Any) -> None:
+    def __init__(self, config: Config) -> None:
         self.config = config
-        self.monitor: Any = None
-        self.scheduler: Any = None
-        self.prefetch: dict[str, Any] = {}
-        self.target: Any = None
-        self.registry: Any = None
+        self.monitor: TelemetryMonitor | None = None
+        self.scheduler: MemoryScheduler | None = None
+        self.prefetch: dict[str, PrefetchController] = {}
+        self.target: Target | None = None
+        self.registry: ModelRegistry | None = None
         self._notify: Callable[..., Any] = _builtin_notify
         self._seen = 0
         self._last_tick = time.monotonic()
@@ -153,7 +155,7 @@ class Resources:
         self.depths: dict[str, int] = {}
         self.unloaded_by_pressure: set[str] = set()
         self.busy_pct = 0.0
-        self.watchdog: Any = None
+        self.watchdog: Watchdog | None = None
         # Batch buffers (concatenated inputs) come from one reused pool the scheduler accounts.
         self.pool = BufferPool(placement=Placement.PAGEABLE)
         usec = os.environ.get("WATCHDOG_USEC")
@@ -170,13 +172,10 @@ class Resources:
     def start(self) -> None:
         """Open telemetry, create the scheduler. Raises DaemonError for a bad board or spec."""
         cfg = self.config
-        try:
-            from cuvil_edge.daemon import systemd
+        from cuvil_edge.daemon import systemd
 
-            self._notify = systemd.notify
-            self.watchdog = systemd.Watchdog(stuck_after_s=self.stuck_after_s)
-        except ImportError:
-            self.watchdog = None
+        self._notify = systemd.notify
+        self.watchdog = systemd.Watchdog(stuck_after_s=self.stuck_after_s)
         if cfg.board:
             from cuvil_edge.targets import get_target
 
@@ -184,31 +183,23 @@ class Resources:
                 self.target = get_target(cfg.board)
             except CuvilEdgeError as exc:
                 raise DaemonError(f"--board {cfg.board!r}: {exc}") from exc
-            try:
-                from cuvil_edge.daemon.scheduler import placement_policy
+            from cuvil_edge.daemon.scheduler import placement_policy
 
-                policy = placement_policy(self.target)
-                # Pinned/mapped buffers need pycuda and a GPU; host_allocator falls back otherwise.
-                self.pool = BufferPool(placement=policy.kind)
-                log.info("I/O placement: %s", policy.reason)
-            except ImportError:
-                pass
-        try:
-            from cuvil_edge.daemon.scheduler import MemoryScheduler, PressureLevel
-        except ImportError as exc:
-            log.warning("memory co-scheduler unavailable (%s): loads are not checked against a budget", exc)
-        else:
-            self.scheduler = MemoryScheduler(target=self.target, reserve_mb=cfg.memory_reserve_mb,
-                                             kernel=self._kernel_memory())
-            self.scheduler.attach_pool(self.pool)
-            self.scheduler.on_step(PressureLevel.UNLOAD_LRU, self._unload_lru)
-            self.scheduler.on_step(PressureLevel.RELEASE_IDLE, self._release_idle)
-            self.scheduler.on_level_change(self._reload_after_pressure)
+            policy = placement_policy(self.target)
+            # Pinned/mapped buffers need pycuda and a GPU; host_allocator falls back otherwise.
+            self.pool = BufferPool(placement=policy.kind)
+            log.info("I/O placement: %s", policy.reason)
+        from cuvil_edge.daemon.scheduler import MemoryScheduler, PressureLevel
+
+        self.scheduler = MemoryScheduler(target=self.target, reserve_mb=cfg.memory_reserve_mb,
+                                         kernel=self._kernel_memory())
+        self.scheduler.attach_pool(self.pool)
+        self.scheduler.on_step(PressureLevel.UNLOAD_LRU, self._unload_lru)
+        self.scheduler.on_step(PressureLevel.RELEASE_IDLE, self._release_idle)
+        self.scheduler.on_level_change(self._reload_after_pressure)
         if cfg.telemetry:
-            try:
-                from cuvil_edge.telemetry import TelemetryMonitor, check_spec, expand_spec
-            except ImportError as exc:
-                raise DaemonError(f"--telemetry {cfg.telemetry}: telemetry is not available: {exc}") from exc
+            from cuvil_edge.telemetry import TelemetryMonitor, check_spec, expand_spec
+
             try:
                 for item in expand_spec(cfg.telemetry):
                     check_spec(item)  # a spec that can never work: the monitor would retry it forever
@@ -218,7 +209,7 @@ class Resources:
             self.monitor.start()
 
     @staticmethod
-    def _kernel_memory() -> Any:
+    def _kernel_memory() -> KernelMemory | None:
         """The kernel's memory signals (meminfo, PSI, this unit's cgroup), where /proc has them."""
         if os.environ.get("CUVIL_EDGED_KERNEL_MEMORY", "1") == "0":
             return None
@@ -234,7 +225,7 @@ class Resources:
             return None
         return kernel
 
-    def bind(self, registry: Any) -> None:
+    def bind(self, registry: ModelRegistry) -> None:
         """Give the ladder access to the registry (for UNLOAD_LRU)."""
         self.registry = registry
 
@@ -273,13 +264,12 @@ class Resources:
         """Reserve a model version's footprint; raises MemoryRefused when it does not fit."""
         if self.scheduler is None:
             return
-        from cuvil_edge.daemon.kserve import MemoryRefused
         from cuvil_edge.daemon.scheduler import MemoryBudgetError
 
         max_batch = max(1, int(self.config.max_batch or manifest.max_batch or 1))
         try:
             need = self.scheduler.estimate_footprint(bundle_dir, max_batch, self.config.max_depth,
-                                                     _io_bytes_per_item(manifest))
+                                                     io_bytes_per_item(manifest))
         except CuvilEdgeError:
             need = estimate
         try:
@@ -314,13 +304,13 @@ class Resources:
     # ------------------------------------------------------------------ ladder actions
 
     def _unload_lru(self, name: str) -> None:
-        reg = self.registry
-        if reg is None:
+        reg, sched = self.registry, self.scheduler
+        if reg is None or sched is None:
             return
         model, _, version = name.rpartition(":")
         entry = reg.entries.get(model)
         if entry is None or entry.instance is None or entry.instance.version != version:
-            self.scheduler.release(name)
+            sched.release(name)
             return
         log.warning("memory pressure: unloading the least recently used idle model %s", name)
         try:
@@ -330,7 +320,8 @@ class Resources:
         # Remember it: once the ladder is back to NORMAL it is loaded again, so a squeeze that
         # passes does not leave the daemon without the model it was serving.
         self.unloaded_by_pressure.add(model)
-        task = loop.create_task(reg.unload(model))
+        retry = max(1, int(sched.retry_after_s))
+        task = loop.create_task(reg.unload(model, "unloaded under memory pressure", retry))
         task.add_done_callback(lambda t: t.exception())
 
     def _reload_after_pressure(self, new: Any, old: Any, reason: str) -> None:
@@ -347,7 +338,6 @@ class Resources:
             loop = asyncio.get_running_loop()
         except RuntimeError:
             return
-        from cuvil_edge.daemon.kserve import MemoryRefused
 
         pending = sorted(self.unloaded_by_pressure)
         self.unloaded_by_pressure.clear()
@@ -385,7 +375,7 @@ class Resources:
 
     # ------------------------------------------------------------------ tick
 
-    def tick(self, instances: list[Any]) -> None:
+    def tick(self, instances: list[ModelInstance]) -> None:
         """Feed the latest sample to the scheduler and prefetch, apply their decisions, report load."""
         now = time.monotonic()
         dt = max(1e-3, now - self._last_tick)
@@ -402,7 +392,7 @@ class Resources:
             for inst in instances:
                 if inst.batcher is not None:
                     inflight += (inst.batcher.queued + inst.batcher.active * max(1, inst.max_batch)) * \
-                        _io_bytes_per_item(inst.spec)
+                        inst.io_bytes_per_item
                 if inst.inflight:
                     self.scheduler.touch(self.key(inst.name, inst.version))
             self.scheduler.set_dynamic_bytes(inflight)
@@ -423,17 +413,12 @@ class Resources:
                 b.set_cap(inst.batch_cap(self.scheduler.batch_cap(max(1, inst.max_batch))))
             ctl = self.prefetch.get(key)
             if ctl is None:
-                try:
-                    from cuvil_edge.daemon.scheduler import PrefetchController
-                except ImportError:
-                    continue
+                from cuvil_edge.daemon.scheduler import PrefetchController
+
                 ctl = self.prefetch[key] = PrefetchController(1, b.max_depth, initial_depth=min(2, b.max_depth))
             target = inst.spec.latency_p95_ms
-            depth = ctl.update(sample, inst.stats.queue_p95_ms(), target or None,
-                               memory_level=level, gpu_busy_pct=stages.busy_pct,
-                               pre_ms=stages.pre_ms, exec_ms=stages.exec_ms,
-                               depth_blocked_pct=stages.blocked_pct, completed_per_s=stages.completed_per_s,
-                               pre_workers=max(1, b.max_depth - 1))
+            depth = ctl.step(sample, stages.inputs(inst.stats.queue_p95_ms(), target or None, level,
+                                                   pre_workers=max(1, b.max_depth - 1)))
             if self.scheduler is not None:
                 depth = min(depth, self.scheduler.prefetch_cap(b.max_depth))
             b.set_depth(depth)
@@ -457,7 +442,7 @@ class Resources:
 
     # ------------------------------------------------------------------ metrics
 
-    def gauges(self, instances: list[Any]) -> dict[str, tuple[str, list[tuple[dict[str, str], Any]]]]:
+    def gauges(self, instances: list[ModelInstance]) -> dict[str, tuple[str, list[tuple[dict[str, str], Any]]]]:
         """Board and scheduler gauges for /metrics (absent figures are left out, never 0)."""
         g: dict[str, tuple[str, list[tuple[dict[str, str], Any]]]] = {}
         sample = self.monitor.latest if self.monitor is not None else None
@@ -505,12 +490,12 @@ class Resources:
                 "Pressure ladder step (0 normal .. 5 reject)", [({"step": snap["level_name"]}, snap["level"])])
         return g
 
-    def _view_gauges(self, instances: list[Any]) -> dict[str, tuple[str, list[tuple[dict[str, str], Any]]]]:
+    def _view_gauges(self, instances: list[ModelInstance]) -> dict[str, tuple[str, list[tuple[dict[str, str], Any]]]]:
         """What ``cuvil-edge top`` shows beyond the counters: latency percentiles per model, the
         prefetch depth's Little's-law need and why it last changed, the pressure step's reason."""
         g: dict[str, tuple[str, list[tuple[dict[str, str], Any]]]] = {}
 
-        def lab(inst: Any) -> dict[str, str]:
+        def lab(inst: ModelInstance) -> dict[str, str]:
             return {"model": inst.name, "version": inst.version}
 
         g["cuvil_model_latency_p50_ms"] = ("Median request duration over the last 1024 requests",

@@ -21,39 +21,60 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import gc
 import logging
 import os
 import signal
 import stat
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from cuvil_edge.bundle.activation import revert_expired
+from cuvil_edge._test_hooks import FAULT_HOOKS_ENV, fault_hooks_enabled, stall_forever
+from cuvil_edge.bundle.activation import can_write_state, expired_pending, revert_expired
 from cuvil_edge.daemon.accept import Acceptor, connection_cap, listen_tcp, listen_unix
 from cuvil_edge.daemon.config import Config
 from cuvil_edge.daemon.gpu_metrics import GpuMetrics, power_limit_w
 from cuvil_edge.daemon.http import HttpProtocol
+from cuvil_edge.daemon.infer import MemoryRefused
 from cuvil_edge.daemon.kserve import App
-from cuvil_edge.daemon.limits import Limits
 from cuvil_edge.daemon.metrics import render_prometheus
 from cuvil_edge.daemon.models import ModelRegistry
 from cuvil_edge.daemon.resources import Resources
 from cuvil_edge.daemon.shm import SharedMemoryRegistry
+from cuvil_edge.daemon.state import ServerState
 from cuvil_edge.daemon.store import BundleStore
 from cuvil_edge.errors import CuvilEdgeError, DaemonError
 from cuvil_edge.runtime import BackendOptions
 
+if TYPE_CHECKING:
+    from cuvil_edge.daemon.grpc_server import GrpcFrontend
+
 __all__ = ["STARTUP_FAILURE", "Server", "ServerState"]
 
 log = logging.getLogger("cuvil_edge.daemon")
+access = logging.getLogger("cuvil_edge.daemon.access").info  # --access-log
 
 STARTUP_FAILURE = 3  # exit code, as uvicorn's
 REVERT_CHECK_S = 1.0  # how often the tick looks for deploy switches past their confirm deadline
-# Debug-only fault hooks, off by default: with this variable set to 1, SIGUSR2 stalls the event
-# loop for good, so the HIL rig can prove systemd's watchdog kills and restarts a hung daemon.
-FAULT_HOOKS_ENV = "CUVIL_EDGED_DEBUG_FAULT_HOOKS"
+
+
+def trim_heap() -> None:
+    """Hand the C heap's free pages back to the kernel (glibc's ``malloc_trim``): loading and
+    warming models frees tens of MB that glibc keeps mapped otherwise (measured on
+    EfficientNet-Lite0: about 20 MB). A no-op where the C library has no such call."""
+    import ctypes
+    import ctypes.util
+
+    name = ctypes.util.find_library("c")
+    try:
+        libc = ctypes.CDLL(name) if name else None
+        if libc is not None and hasattr(libc, "malloc_trim"):
+            libc.malloc_trim(0)
+    except OSError:
+        pass
 
 
 def freeze_heap() -> None:
@@ -64,78 +85,12 @@ def freeze_heap() -> None:
     gc.freeze()
 
 
-class ServerState:
-    """Counters, flags and limits shared by the connections and the server.
-
-    Args:
-        limits (Limits): what one client may cost (:meth:`Config.limits`).
-        token (str | None): the bearer token every endpoint but ``/v2/health/*`` requires.
-    """
-
-    def __init__(self, limits: Limits | int, token: str | None = None) -> None:
-        if isinstance(limits, int):  # the former signature: ServerState(max_body)
-            limits = Limits(max_body=limits, max_buffered=max(limits, Limits.max_buffered))
-        self.limits = limits
-        self.max_body = limits.max_body
-        self.token = token.encode() if token else None
-        self.max_connections = limits.max_connections  # lowered to fit the open-file limit at bind
-        self.buffered = 0  # request bytes held by every connection now
-        self.buffered_peak = 0
-        self.refused: dict[str, int] = {"connections": 0, "auth": 0, "buffered": 0}
-        self._refusal_logged = -1e9
-        self._refusals_unlogged = 0
-        self.connections: set[HttpProtocol] = set()
-        self.inflight = 0
-        self.total_requests = 0
-        self.protocol_errors = 0
-        self.failed_unknown = 0
-        self.rejected = 0
-        self.client_gone = 0
-        self.ready = False
-        self.shutting_down = False
-        self.stopped = False
-        self.phase = "starting"
-
-    def on_request_done(self, req: Any, status: int) -> None:
-        self.inflight -= 1
-        self.total_requests += 1
-
-    def on_client_gone(self, req: Any) -> None:
-        self.inflight -= 1
-        self.client_gone += 1
-        pending = getattr(req, "state", None)
-        if pending is not None and hasattr(pending, "cancelled"):
-            pending.cancelled = True  # the batcher skips it if it has not run yet
-
-    def on_protocol_error(self, status: int) -> None:
-        self.protocol_errors += 1
-
-    def reserve(self, n: int) -> bool:
-        """Count ``n`` more buffered request bytes, unless that passes ``limits.max_buffered``."""
-        if self.buffered + n > self.limits.max_buffered:
-            return False
-        self.buffered += n
-        self.buffered_peak = max(self.buffered_peak, self.buffered)
-        return True
-
-    def release(self, n: int) -> None:
-        """Forget ``n`` buffered bytes (the request was answered or its client left)."""
-        self.buffered = max(0, self.buffered - n)
-
-    def on_refused(self, kind: str) -> None:
-        """Count a refusal (``connections``, ``auth``, ``buffered``); log at most one line per 10 s."""
-        self.refused[kind] = self.refused.get(kind, 0) + 1
-        if kind == "auth":
-            return  # a client error, counted in /metrics; not worth a log line each
-        now = time.monotonic()
-        if now - self._refusal_logged >= 10.0:
-            log.warning("refusing clients with 503: %s (%d open connections, limit %d; %d bytes buffered, "
-                        "limit %d); %d more refusal(s) since the last report", kind, len(self.connections),
-                        self.max_connections, self.buffered, self.limits.max_buffered, self._refusals_unlogged)
-            self._refusal_logged = now
-            self._refusals_unlogged = 0
-        else:
-            self._refusals_unlogged += 1
+def malloc_trim() -> None:
+    """Give the C heap's free memory back to the system (glibc); a no-op elsewhere."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
 
 
 class Server:
@@ -147,13 +102,13 @@ class Server:
 
     def __init__(self, config: Config) -> None:
         self.config = config
-        self.state = ServerState(config.limits(), config.token)
+        self.state = ServerState(config.limits(), config.token, config.access_log)
         self.store = BundleStore(config.store)
         self.resources = Resources(config)
         self.registry: ModelRegistry | None = None
         self.app: App | None = None
-        self.shm = SharedMemoryRegistry() if config.shared_memory else None
-        self.grpc: Any = None  # GrpcFrontend when gRPC is on
+        self.shm = SharedMemoryRegistry(max_input_bytes=config.max_body_bytes) if config.shared_memory else None
+        self.grpc: GrpcFrontend | None = None  # when gRPC is on
         self.gpu_metrics: GpuMetrics | None = None  # Triton's nv_gpu_* series, with telemetry
         self._servers: list[Acceptor] = []
         self._stop: asyncio.Event | None = None  # created on the loop
@@ -189,11 +144,11 @@ class Server:
                              (signal.SIGHUP, self._on_hup)):
             with contextlib.suppress(NotImplementedError, RuntimeError):
                 loop.add_signal_handler(sig, handler)
-        if os.environ.get(FAULT_HOOKS_ENV) == "1":
+        if fault_hooks_enabled():  # test-only (_test_hooks.py): the HIL rig's watchdog test
             with contextlib.suppress(NotImplementedError, RuntimeError):
                 loop.add_signal_handler(signal.SIGUSR2, self._fault_stall)
                 log.warning("debug fault hooks on (%s=1): SIGUSR2 stalls the event loop", FAULT_HOOKS_ENV)
-        tick = asyncio.ensure_future(self._tick_loop())
+        tick = asyncio.ensure_future(self._supervised(self._tick_loop, "tick"))
         await self._stop.wait()
         await self.shutdown()
         tick.cancel()
@@ -225,14 +180,22 @@ class Server:
         self.revert_expired_switches()  # before loading: a reboot mid-deploy ends on the gated version
         self.resources.notify("STATUS=loading models")
         names = cfg.models or self.store.names()
+        failed: dict[str, str] = {}
         for name in names:
             try:
                 await self.registry.load(name)
             except CuvilEdgeError as exc:
                 if cfg.strict:
                     raise DaemonError(f"model {name!r} failed to load: {exc}") from exc
+                if not isinstance(exc, MemoryRefused):  # it may fit later: not a model that cannot serve
+                    failed[name] = str(exc)
                 log.error("model %s not served: %s", name, exc)
+        if failed and len(failed) == len(names):
+            # Serving nothing at all is a failed start (exit 3), not a daemon that reports ready.
+            raise DaemonError(f"no model can serve: {len(failed)} failed to load "
+                              f"({', '.join(sorted(failed))}); see the errors above")
         freeze_heap()
+        trim_heap()
         self.state.ready = True
         self.state.phase = "ready"
         loaded = [f"{i.name}:{i.version}" for i in self.registry.instances()]
@@ -337,6 +300,7 @@ class Server:
             from cuvil_edge.daemon.grpc_server import GrpcFrontend
         except ImportError as exc:
             raise DaemonError(f"gRPC needs the grpcio package ({exc}); install it or run with --grpc 0") from exc
+        assert self.app is not None  # startup made it before listening
         self.grpc = GrpcFrontend(self.app, self.config, self.shm)
         self.bound.append(await self.grpc.start())
 
@@ -348,14 +312,8 @@ class Server:
             self._stop.set()
 
     def _fault_stall(self) -> None:
-        """Debug fault hook: block the event loop as a deadlocked handler would (never returns).
-
-        No tick runs, so no ``WATCHDOG=1`` is sent and systemd's watchdog must kill and restart
-        the service. Installed only when :data:`FAULT_HOOKS_ENV` is ``1``.
-        """
-        log.error("debug fault hook: SIGUSR2 received, stalling the event loop")
-        while True:
-            time.sleep(3600)
+        """Debug fault hook: block the event loop (no tick, no ``WATCHDOG=1``: systemd must restart us)."""
+        stall_forever(log)
 
     def _on_hup(self) -> None:
         log.info("SIGHUP: reloading the bundle store")
@@ -404,7 +362,21 @@ class Server:
 
     # ------------------------------------------------------------------ tick
 
+    async def _supervised(self, loop_fn: Callable[[], Awaitable[None]], name: str) -> None:
+        """Run ``loop_fn`` for good: when it raises, log it and start it again a second later."""
+        while True:
+            try:
+                await loop_fn()
+                return
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("%s loop failed; restarting it", name)
+                await asyncio.sleep(1.0)
+
     async def _tick_loop(self) -> None:
+        """The tick, supervised: an exception in one round is logged and the loop goes on, so the
+        watchdog pings never stop because of something read from disk (issue 26, finding 7)."""
         cfg = self.config
         next_check = time.monotonic() + REVERT_CHECK_S
         while True:
@@ -415,7 +387,8 @@ class Server:
                 log.exception("tick failed")
             if time.monotonic() >= next_check:
                 next_check = time.monotonic() + REVERT_CHECK_S
-                if self.revert_expired_switches():
+                # Off the event loop: it reads state files (bounded in size, but a disk can be slow).
+                if await asyncio.to_thread(self.revert_expired_switches):
                     # As SIGHUP does, in its own task: the tick keeps feeding the watchdog meanwhile.
                     task = asyncio.ensure_future(self.reload())
                     self._tasks.add(task)
@@ -423,12 +396,27 @@ class Server:
 
     def revert_expired_switches(self) -> bool:
         """Revert deploy switches left pending past their confirm deadline (``bundle/activation.py``);
-        True when something was reverted (the caller reloads the store)."""
+        True when something was reverted (the caller reloads the store).
+
+        Where this process may not write the store's deploy state (a stock install: the unit's
+        dynamic user, the store's deploy files root's), root reverts instead (the unit's
+        ``ExecStartPre=+`` and the deploy step's revert timer, which reloads the daemon); the
+        daemon only notes once that a switch is due. Never raises: a bad state file is
+        ignored and logged once by the state reader.
+        """
+        store = self.config.store
         try:
-            done = revert_expired(self.config.store)
-        except OSError as exc:
+            if not can_write_state(store):
+                due = expired_pending(store)
+                if due and not self._revert_warned:
+                    log.info("unconfirmed deploy switch past its deadline (%s); root's revert timer reverts it "
+                             "(this daemon may not write %s)", ", ".join(f"{n}: {r}" for n, r in due), store)
+                    self._revert_warned = True
+                return False
+            done = revert_expired(store)
+        except Exception as exc:  # noqa: BLE001 - nothing read from disk may stop the daemon
             if not self._revert_warned:
-                log.error("cannot revert pending deploy switches in %s: %s", self.config.store, exc)
+                log.warning("cannot revert pending deploy switches in %s: %s: %s", store, type(exc).__name__, exc)
                 self._revert_warned = True
             return False
         for r in done:
@@ -440,6 +428,11 @@ class Server:
         now = time.monotonic()
         for conn in list(self.state.connections):
             conn.sweep(now)
+        if self.state.trim_wanted:
+            # Answers of a few MiB live in the C heap's arenas, not in their own mappings: freed,
+            # they stay in the process until the heap is trimmed.
+            self.state.trim_wanted = False
+            malloc_trim()
         instances = self.registry.instances() if self.registry else []
         self.resources.tick(instances)
         oldest_s = 0.0
@@ -518,7 +511,7 @@ class Server:
         gauges["cuvil_model_memory_bytes"] = (
             "Measured memory footprint of the model",
             [({"model": i.name, "version": i.version}, i.footprint_bytes) for i in instances])
-        counters = {
+        counters: dict[str, tuple[str, list[tuple[dict[str, str], float]]]] = {
             "cuvil_http_requests_total": ("HTTP requests answered", [({}, s.total_requests)]),
             "cuvil_http_protocol_errors_total": ("Malformed or oversized HTTP requests", [({}, s.protocol_errors)]),
             "cuvil_http_client_gone_total": ("Requests whose client disconnected first", [({}, s.client_gone)]),

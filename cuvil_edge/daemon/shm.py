@@ -5,9 +5,14 @@ A client (a camera process on the same board, say) creates a POSIX shared-memory
 (``name``, ``key``, ``offset``, ``byte_size``), then names the region in an infer request instead
 of sending bytes: inputs and outputs carry the parameters ``shared_memory_region``,
 ``shared_memory_byte_size`` and optionally ``shared_memory_offset`` (Triton's
-``docs/protocol/extension_shared_memory.md``). The daemon maps the region once at registration
-and reads inputs straight out of the mapping (no copy through the socket); outputs are written
-into their region after inference.
+``docs/protocol/extension_shared_memory.md``). The daemon opens the object once at
+registration; inputs are copied out of it and outputs into it with ``pread``/``pwrite`` on that
+descriptor, never through a memory mapping: the client owns the object and may shrink it
+(``truncate``) at any time, and a load or store through a mapping past the new end is a SIGBUS
+that kills the process, while ``pread`` returns short and the request gets a clear error. The
+copy is the same one a body costs, and an input counts against the same limit as a body
+(``--max-body-mb``, :attr:`SharedMemoryRegistry.max_input_bytes`), so a sparse multi-GB region
+cannot make the daemon allocate more than a request body could.
 
 Untrusted input costs little: a key must be a plain POSIX shared-memory name (one component, no
 path, no ``..``), the object must be a regular file at least ``offset + byte_size`` long, every
@@ -18,8 +23,8 @@ TensorRT backend brings device buffers.
 
 from __future__ import annotations
 
+import io
 import logging
-import mmap
 import os
 import re
 import stat
@@ -61,7 +66,7 @@ class ShmRegion:
     key: str
     offset: int
     byte_size: int
-    mapping: mmap.mmap
+    file: io.FileIO  # closed when the last holder (registry, request in flight) lets go
 
     def status(self) -> dict[str, Any]:
         """Triton's status entry."""
@@ -106,11 +111,14 @@ class SharedMemoryRegistry:
     Args:
         root (Path | None): where POSIX shared-memory objects live. Defaults to ``/dev/shm``.
         max_regions (int): regions registered at once, at most. Defaults to 64.
+        max_input_bytes (int): largest input read from a region, as ``--max-body-mb`` bounds a
+            body (413 beyond it). Defaults to 64 MiB.
     """
 
-    def __init__(self, root: Path | None = None, max_regions: int = 64) -> None:
+    def __init__(self, root: Path | None = None, max_regions: int = 64, max_input_bytes: int = 64 << 20) -> None:
         self.root = Path("/dev/shm") if root is None else Path(root)
         self.max_regions = max_regions
+        self.max_input_bytes = max_input_bytes
         self._regions: dict[str, ShmRegion] = {}
         self._lock = threading.Lock()
 
@@ -161,10 +169,11 @@ class SharedMemoryRegistry:
                     raise SharedMemoryError(
                         f"region '{name}': offset {offset} + byte_size {byte_size} = {end} exceeds the "
                         f"{st.st_size} bytes of shared-memory key {key!r}")
-                mapping = mmap.mmap(fd, end, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
-            finally:
+                file = io.FileIO(fd, "r+", closefd=True)
+            except BaseException:
                 os.close(fd)
-            region = ShmRegion(name, key, offset, byte_size, mapping)
+                raise
+            region = ShmRegion(name, key, offset, byte_size, file)
             self._regions[name] = region
         log.info("shared memory: registered region %s (key %s, offset %d, %d bytes)", name, key, offset, byte_size)
         return region
@@ -172,8 +181,8 @@ class SharedMemoryRegistry:
     def unregister(self, name: str | None = None) -> list[str]:
         """Forget region ``name`` (or every region when ``name`` is empty).
 
-        Requests already holding the region's memory finish with it: the mapping is closed once
-        nothing refers to it any more.
+        Requests already holding the region finish with it: its descriptor is closed once nothing
+        refers to it any more.
 
         Raises:
             SharedMemoryError: ``name`` is not registered (404).
@@ -187,11 +196,6 @@ class SharedMemoryRegistry:
             else:
                 gone = list(self._regions.values())
                 self._regions.clear()
-        for region in gone:
-            try:
-                region.mapping.close()
-            except BufferError:
-                pass  # an in-flight request still reads it; the mapping goes with the last reference
         return [r.name for r in gone]
 
     def close(self) -> None:
@@ -229,13 +233,17 @@ class SharedMemoryRegistry:
 
     def input_array(self, name: str, offset: int, size: int, dtype: np.dtype, shape: list[int],
                     where: str) -> np.ndarray:
-        """The input tensor read in place from region ``name`` (bounds checked first).
+        """The input tensor copied out of region ``name`` (bounds and size limit checked first).
 
         Raises:
-            SharedMemoryError: unknown region, out of bounds, or a size that does not match the shape.
+            SharedMemoryError: unknown region, out of bounds, over ``max_input_bytes`` (413), a
+                size that does not match the shape, or an object shrunk since registration.
         """
         region = self._region(name, where)
         self._check_bounds(region, offset, size, where)
+        if size > self.max_input_bytes:
+            raise SharedMemoryError(f"{where}: shared_memory_byte_size {size} exceeds the limit of "
+                                    f"{self.max_input_bytes} bytes for one input (--max-body-mb)", 413)
         count = 1
         for d in shape:
             count *= d
@@ -243,10 +251,8 @@ class SharedMemoryRegistry:
         if size != expected:
             raise SharedMemoryError(f"{where}: shared_memory_byte_size {size} does not match shape {shape} "
                                     f"({expected} bytes)")
-        start = region.offset + offset
-        arr = np.frombuffer(region.mapping, dtype, count, start).reshape(shape)
-        if start % dtype.itemsize:
-            arr = arr.copy()  # unaligned: the runtime gets an aligned copy
+        arr = np.empty(shape, dtype)
+        _read_exact(region, region.offset + offset, arr.reshape(-1).data.cast("B"), where)
         return arr
 
     def output_target(self, name: str, offset: int, size: int, where: str) -> OutputTarget:
@@ -266,16 +272,40 @@ class SharedMemoryRegistry:
         Raises:
             SharedMemoryError: the output is larger than ``shared_memory_byte_size``.
         """
-        buf = memoryview(np.ascontiguousarray(data) if isinstance(data, np.ndarray) else data).cast("B")
+        buf = memoryview(np.ascontiguousarray(data).data if isinstance(data, np.ndarray) else data).cast("B")
         if buf.nbytes > target.byte_size:
             raise SharedMemoryError(f"{where}: the output has {buf.nbytes} bytes but shared_memory_byte_size "
                                     f"is {target.byte_size}")
         start = target.region.offset + target.offset
+        fd = target.region.file.fileno()
+        done = 0
         try:
-            memoryview(target.region.mapping)[start:start + buf.nbytes] = buf
-        except ValueError as exc:  # the region was unregistered and its mapping closed meanwhile
-            raise SharedMemoryError(f"{where}: region '{target.region.name}' was unregistered: {exc}") from None
+            while done < buf.nbytes:
+                done += os.pwrite(fd, buf[done:], start + done)
+        except OSError as exc:
+            raise SharedMemoryError(f"{where}: cannot write region '{target.region.name}': "
+                                    f"{exc.strerror or exc}") from None
         return buf.nbytes
+
+
+def _read_exact(region: ShmRegion, start: int, out: memoryview, where: str) -> None:
+    """Fill ``out`` from ``region``'s object at ``start`` with ``pread``; a short read is an error.
+
+    A mapping would fault (SIGBUS) where ``pread`` returns short: the object's owner may have
+    truncated it since it was registered.
+    """
+    fd = region.file.fileno()
+    done = 0
+    try:
+        while done < out.nbytes:
+            n = os.preadv(fd, [out[done:]], start + done)
+            if n <= 0:
+                raise SharedMemoryError(
+                    f"{where}: shared-memory key {region.key!r} of region '{region.name}' is shorter than "
+                    f"when it was registered (it ends before byte {start + out.nbytes}); register it again")
+            done += n
+    except OSError as exc:
+        raise SharedMemoryError(f"{where}: cannot read region '{region.name}': {exc.strerror or exc}") from None
 
 
 def shm_route(shm: SharedMemoryRegistry | None, req: Any, parts: list[str]) -> None:
@@ -323,7 +353,7 @@ def shm_route(shm: SharedMemoryRegistry | None, req: Any, parts: list[str]) -> N
                 if not isinstance(doc, dict):
                     req.error(400, "the register request must be a JSON object with key, offset, byte_size")
                     return
-                shm.register(name, doc.get("key"), doc.get("offset", 0), doc.get("byte_size"))
+                shm.register(name, doc.get("key"), doc.get("offset", 0), doc.get("byte_size"))  # type: ignore[arg-type]  # register checks each
             req.respond(200, b"")
         else:
             req.error(404, f"no such endpoint: {req.path}")

@@ -118,6 +118,13 @@ class BundleStore:
         d = Path(self.layout.version_dir(name, version))
         if not Path(self.layout.manifest_path(name, version)).is_file():
             raise DaemonError(f"model {name!r} version {version!r} is not in the store")
+        # A version is a directory of the store: one reached through a symlink (the version or
+        # the model's directory) or resolving elsewhere is refused, whatever its files hash to.
+        bundles = os.path.realpath(self.bundles)
+        if d.is_symlink() or d.parent.is_symlink() or os.path.commonpath(
+                [bundles, os.path.realpath(d)]) != bundles:
+            raise DaemonError(f"model {name!r} version {version!r}: {d} is a symlink or lies outside the store "
+                              f"{self.bundles}; refused (install bundles with cuvil-edge deploy)")
         return d
 
     def manifest(self, name: str, version: str | None = None) -> Manifest:

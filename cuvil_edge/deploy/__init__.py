@@ -1,4 +1,7 @@
-"""Deploy bundles to devices over SSH: atomic switch, health gate, rollback, fleet rollout.
+"""Deploy bundles to devices: atomic switch, health gate, rollback, fleet rollout.
+
+Devices are reached through a :class:`Transport` (``transport_base.py``): SSH for boards, a local
+store on this machine; :data:`TRANSPORTS` names them and :func:`open_transport` picks one per address.
 
 One device: :func:`deploy_device`, :func:`rollback_device`, :func:`device_status`. Many:
 :func:`rollout` (canary, batches, failure share). The CLI commands ``deploy``, ``rollback``,
@@ -17,6 +20,8 @@ _WHERE = {
     "DeployOptions": "device", "DeviceResult": "device", "PreparedBundle": "device", "deploy_device": "device",
     "device_status": "device", "prepare_bundle": "device", "rollback_device": "device",
     "FleetReport": "fleet", "RolloutPolicy": "fleet", "load_inventory": "fleet", "rollout": "fleet",
+    "select_devices": "fleet", "LocalTransport": "local_transport", "Transport": "transport_base",
+    "TRANSPORTS": "transports", "open_transport": "transports",
     "InstallResult": "install", "install_daemon": "install", "DeviceBusy": "layout",
     "DeviceFacts": "probe", "IncompatibleDevice": "probe", "check_compatible": "probe", "probe_device": "probe",
     "DeviceAddress": "transport", "SSHTransport": "transport", "Unreachable": "transport",
@@ -34,6 +39,7 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
+    "TRANSPORTS",
     "DeployOptions",
     "DeviceAddress",
     "DeviceBusy",
@@ -42,19 +48,23 @@ __all__ = [
     "FleetReport",
     "IncompatibleDevice",
     "InstallResult",
+    "LocalTransport",
     "PreparedBundle",
     "RolloutPolicy",
     "SSHTransport",
+    "Transport",
     "Unreachable",
     "check_compatible",
     "deploy_device",
     "device_status",
     "install_daemon",
     "load_inventory",
+    "open_transport",
     "parse_address",
     "prepare_bundle",
     "probe_device",
     "rollback_device",
     "rollout",
     "run_sync",
+    "select_devices",
 ]

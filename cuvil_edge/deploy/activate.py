@@ -18,14 +18,15 @@ Mender commit on the device). In order:
 6. release the device lock.
 
 Nothing here needs the SSH side of deploy: the module imports the store rules and, for the gate,
-``deploy/health.py``. ``CUVIL_EDGE_TEST_PAUSE_DIR`` is a test-only hook (off unless set): at a step
-named ``S`` the step waits while ``<dir>/S.pause`` exists, after creating ``<dir>/S.reached``. Steps:
-``before-switch``, ``after-switch``, ``gate``, ``outcome`` (between the fsync of the new state file
-and its rename).
+``deploy/health.py``. The steps call the test-only pause hook of ``cuvil_edge/_test_hooks.py`` (off
+unless its variable is set) at ``before-switch``, ``after-switch``, ``gate`` and ``outcome`` (between
+the fsync of the new state file and its rename).
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import shutil
@@ -34,9 +35,12 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from cuvil_edge._atomic import atomic_write_bytes, fsync_dir
+from cuvil_edge._test_hooks import PAUSE_ENV, pause  # test-only; see _test_hooks.py
 from cuvil_edge.bundle.activation import (
     add_event,
     current_version,
@@ -52,31 +56,22 @@ from cuvil_edge.bundle.activation import (
 from cuvil_edge.bundle.activation import boot_id as _boot_id
 from cuvil_edge.bundle.layout import StoreLayout
 from cuvil_edge.bundle.names import is_safe_component
-from cuvil_edge.deploy.lockfile import lock_record, parse_record, pid_alive, record_expired
+from cuvil_edge.deploy.lockfile import (
+    holder_pid,
+    lock_record,
+    other_boot,
+    parse_record,
+    pid_alive,
+    record_expired,
+)
 from cuvil_edge.errors import CuvilEdgeError, DeployError
 
 __all__ = ["ActivateRequest", "LockBusy", "launch", "release_lock", "run_activate", "take_lock", "wait_outcome"]
 
-PAUSE_ENV = "CUVIL_EDGE_TEST_PAUSE_DIR"
 GATE_MARGIN_S = 5.0  # the gate ends this long before the deadline, so the step, not the daemon, decides
 LOCK_GRACE_S = 60.0
 LOG_KEEP = 20
 START_GRACE_S = 5.0
-
-
-def pause(step: str) -> None:
-    """Test-only hook (see the module docstring); a no-op unless ``CUVIL_EDGE_TEST_PAUSE_DIR`` is set."""
-    directory = os.environ.get(PAUSE_ENV)
-    if not directory:
-        return
-    flag = os.path.join(directory, f"{step}.pause")
-    if not os.path.exists(flag):
-        return
-    with open(os.path.join(directory, f"{step}.reached"), "w") as f:
-        f.write(str(os.getpid()))
-    end = time.monotonic() + 300
-    while os.path.exists(flag) and time.monotonic() < end:
-        time.sleep(0.05)
 
 
 @dataclass
@@ -127,7 +122,7 @@ def _read_lock(store: str) -> dict[str, Any] | None:
     """The device lock's record (:func:`cuvil_edge.deploy.lockfile.parse_record`)."""
     try:
         with open(_lock_path(store), "rb") as f:
-            return parse_record(f.read())
+            return parse_record(f.read(65536))
     except FileNotFoundError:
         return None
     except OSError:
@@ -135,49 +130,58 @@ def _read_lock(store: str) -> dict[str, Any] | None:
 
 
 def _write_json_atomic(path: str, data: dict[str, Any]) -> None:
-    tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "w") as f:
-        json.dump(data, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    atomic_write_bytes(path, json.dumps(data).encode(), 0o644)
+
+
+@contextlib.contextmanager
+def _lock_guard(store: str) -> Iterator[None]:
+    """flock ``deploy/.lock.guard``: device-side takers of the device lock judge and write one at a
+    time, so two that both find an expired or garbage lock cannot both take it (one wins, the
+    other then finds a live holder and reports busy; issue 26, finding 9)."""
+    path = os.path.join(os.path.dirname(_lock_path(store)), ".lock.guard")
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
 
 
 def take_lock(store: str, txn: str, expires: float, handover_token: str | None = None) -> str:
     """Take ``<store>/deploy/lock`` for ``txn``; returns a note ("" or how it was taken).
 
     The host's deploy run holds the lock while it uploads and hands it over with its token. A lock
-    is also taken when its lease expired, or when a process of this machine held it and is gone.
+    is also taken when its lease expired, when its record is garbage, when a device-side step of an
+    earlier boot wrote it, or when a process of this machine held it and is gone. Judging the
+    holder and writing the new record happen under one flock, so taking a stale lock has one winner.
 
     Raises:
         LockBusy: a live holder (message names it).
     """
     path = _lock_path(store)
-    os.makedirs(os.path.dirname(path), exist_ok=True)
+    makedirs = os.path.dirname(path)
+    os.makedirs(makedirs, exist_ok=True)
     record = lock_record("device", expires, txn=txn)
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-    except FileExistsError:
+    with _lock_guard(store):
         holder = _read_lock(store)
-        if holder is None:
-            return take_lock(store, txn, expires, handover_token)
         note = ""
-        if handover_token and holder.get("token") == handover_token:
-            note = ""
+        if holder is None:
+            pass
+        elif handover_token and holder.get("token") == handover_token:
+            pass
         elif holder.get("txn") == txn:
-            note = ""
+            pass
         elif not holder or record_expired(holder):
             note = "took over an expired device lock"
-        elif holder.get("host") == socket.gethostname() and not pid_alive(int(holder.get("pid", -1))):
+        elif other_boot(holder, _boot_id()):
+            note = "took over the device lock of a deploy step from before the last boot"
+        elif holder.get("host") == socket.gethostname() and not pid_alive(holder_pid(holder)):
             note = f"took over the device lock of a process that is gone (pid {holder.get('pid')})"
         else:
             raise LockBusy(f"busy: {holder.get('where', 'host')} {holder.get('host')} (pid {holder.get('pid')}) "
-                           f"holds {path} since {holder.get('at')}") from None
+                           f"holds {path} since {holder.get('at')}")
         _write_json_atomic(path, record)
         return note
-    with os.fdopen(fd, "w") as f:
-        json.dump(record, f)
-    return ""
 
 
 def adopt_lock(store: str, txn: str) -> bool:
@@ -197,7 +201,8 @@ def release_lock(store: str, txn: str) -> None:
         try:
             os.unlink(_lock_path(store))
         except FileNotFoundError:
-            pass
+            return
+        fsync_dir(os.path.dirname(_lock_path(store)))
 
 
 # ---------------------------------------------------------------------------------------------- gate
@@ -257,15 +262,34 @@ def _versions_by_age(store: str, name: str, state: dict[str, Any]) -> list[str]:
 
 
 def _prune(store: str, name: str, state: dict[str, Any], keep: int, protect: set[str]) -> list[str]:
+    """Remove old versions beyond ``keep``: never one in ``protect`` (the new and the previous
+    version) nor the newest version that passed its gate; unhealthy ones go first.
+
+    Each version leaves the daemon's sight in one durable rename (to ``deploy/staging/``) before
+    its files are deleted, so a power cut half-way through never leaves a half-deleted version
+    under ``bundles/``.
+    """
     versions = _versions_by_age(store, name, state)
+    records = state.get("versions", {})
+    healthy = [v for v in versions if (records.get(v) or {}).get("healthy")]
+    keep_too = set(protect) | set(healthy[-1:])
     excess = len(versions) - max(int(keep), 1)
+    order = [v for v in versions if not (records.get(v) or {}).get("healthy")] + \
+        [v for v in versions if (records.get(v) or {}).get("healthy")]
+    layout = _layout(store)
     removed = []
-    for v in versions:
+    for v in order:
         if excess <= 0:
             break
-        if v in protect:
+        if v in keep_too:
             continue
-        shutil.rmtree(_layout(store).version_dir(name, v), ignore_errors=True)
+        trash = os.path.join(layout.staging_root, f".prune-{name}-{v}.{os.getpid()}")
+        os.makedirs(layout.staging_root, exist_ok=True)
+        shutil.rmtree(trash, ignore_errors=True)
+        os.rename(layout.version_dir(name, v), trash)
+        fsync_dir(layout.bundle_dir(name))
+        pause("prune")
+        shutil.rmtree(trash, ignore_errors=True)
         state.get("versions", {}).pop(v, None)
         removed.append(v)
         excess -= 1
@@ -319,6 +343,9 @@ def run_activate(req: ActivateRequest) -> dict[str, Any]:
                             "pid": os.getpid(), "by": req.by}
         add_event(state, "switch", version, f"from {previous}; confirm by {now_iso(deadline)}")
         write_state(store, name, state)
+    timer = _schedule_revert(req, deadline)
+    if timer:
+        notes.append(timer)
     pause("before-switch")
     switch_current(store, name, version)
     pause("after-switch")
@@ -376,6 +403,40 @@ def run_activate(req: ActivateRequest) -> dict[str, Any]:
             outcome = last
             write_state(store, name, state)
     return outcome
+
+
+def _revert_timer_unit(txn: str) -> str:
+    return f"cuvil-edge-revert-{txn}"
+
+
+def _schedule_revert(req: ActivateRequest, deadline: float) -> str:
+    """Have systemd run ``ondevice revert-expired`` as root just after the confirm deadline
+    (a transient timer, ``systemd-run --on-active``): the revert then needs neither this step nor
+    the daemon, which on a stock install may not write the store (docs/deploy.md, "Who owns the
+    store"). A reboot drops the timer; the daemon unit's ``ExecStartPre=+…recover`` covers that.
+    Returns a note when the timer could not be set (the daemon's own tick still reverts where it
+    may write)."""
+    if not (_systemd_running(req.root) and os.geteuid() == 0 and shutil.which("systemd-run")):
+        return ""
+    delay = max(1, int(deadline - time.time()) + 2)
+    env = [f"--setenv=PYTHONPATH={os.environ['PYTHONPATH']}"] if os.environ.get("PYTHONPATH") else []
+    try:
+        out = subprocess.run(["systemd-run", f"--unit={_revert_timer_unit(req.txn)}", f"--on-active={delay}s",
+                              "--timer-property=AccuracySec=1s", "--collect", "--quiet", *env, "--",
+                              sys.executable, "-m", "cuvil_edge.deploy.ondevice", "revert-expired",
+                              "--store", req.store, "--reload", req.unit],
+                             capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"no revert timer: {exc}"
+    return "" if out.returncode == 0 else f"no revert timer: {out.stderr.strip()[:200]}"
+
+
+def _cancel_revert(req: ActivateRequest) -> None:
+    """Stop the revert timer of a switch that was confirmed or switched back (best effort)."""
+    if _systemd_running(req.root) and os.geteuid() == 0 and shutil.which("systemctl"):
+        with contextlib.suppress(OSError, subprocess.TimeoutExpired):
+            subprocess.run(["systemctl", "stop", f"{_revert_timer_unit(req.txn)}.timer"], capture_output=True,
+                           timeout=30)
 
 
 def _lost(req: ActivateRequest, state: dict[str, Any]) -> dict[str, Any]:
@@ -461,6 +522,8 @@ def run_detached(req: ActivateRequest) -> int:
         outcome = run_activate(req)
     finally:
         release_lock(req.store, req.txn)
+    if outcome.get("complete"):
+        _cancel_revert(req)
     print(json.dumps(outcome), flush=True)
     return 0 if outcome.get("status") == "deployed" else 1
 
@@ -491,7 +554,7 @@ def wait_outcome(store: str, name: str, txn: str, timeout: float, poll: float = 
             # Not started, or starting: the launcher wrote the lock for txn and the detached step
             # has not written its pending record yet (a few seconds of interpreter start at most).
             holder = _read_lock(store) or {}
-            starting = holder.get("txn") == txn and (pid_alive(int(holder.get("pid", -1)))
+            starting = holder.get("txn") == txn and (pid_alive(holder_pid(holder))
                                                       or time.monotonic() < begin + START_GRACE_S)
             if not starting:
                 return {"txn": txn, "state": "unknown", "outcome": None, "pending": None,

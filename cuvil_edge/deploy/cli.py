@@ -11,6 +11,7 @@ from typing import Any
 import typer
 
 from cuvil_edge._console import print_table
+from cuvil_edge._device_options import DeviceSelection, device_options
 
 __all__ = ["register"]
 
@@ -22,48 +23,12 @@ def _opt(default: Any, *flags: str, help: str, **kw: Any) -> Any:  # noqa: A002
     return typer.Option(default, *flags, help=help, **kw)
 
 
-TO = _opt(None, "--to", help="Device as \\[user@]host\\[:port]; repeat for several.")
-INVENTORY = _opt(None, "--inventory", help="TOML inventory of devices (\\[\\[device]] tables with address = ...).")
-IDENTITY = _opt(None, "--identity", "-i", help="SSH private key.")
-KNOWN_HOSTS = _opt(None, "--known-hosts", help="known_hosts file. Defaults to ~/.ssh/known_hosts.")
-NO_HOST_KEY_CHECK = _opt(False, "--no-host-key-check", help="Accept any host key (insecure; labs only).")
-ROOT = _opt(None, "--root", help="Device system root where facts and units live. Defaults to /.")
-STORE = _opt(None, "--store", help="Bundle store on the device. Defaults to <root>/var/lib/cuvil-edge.")
-DAEMON_PORT = _opt(None, "--daemon-port", help="Daemon HTTP port on the device's loopback. Defaults to 8000.")
 DAEMON_TOKEN = _opt(None, "--daemon-token", help="Bearer token of the daemon.")
 CONNECT_TIMEOUT = _opt(15.0, "--connect-timeout", help="SSH connect timeout, seconds.")
 HEALTH_TIMEOUT = _opt(60.0, "--health-timeout", help="Seconds the health gate may take.")
 CONFIRM_DEADLINE = _opt(120.0, "--confirm-deadline", help="Seconds a switch may stay unconfirmed on the device; "
                         "past it the device reverts it by itself (even after a lost link or a reboot).")
-DEVICE_PYTHON = _opt(None, "--device-python", help="The device's Python that has cuvil-edge (runs the "
-                     "device-side step). Defaults to python3.")
 AS_JSON = _opt(False, "--json", help="Print JSON instead of tables.")
-
-
-def _devices(to: list[str] | None, inventory: Path | None, identity: Path | None, known_hosts: Path | None,
-             no_host_key_check: bool, root: str | None, store: str | None, daemon_port: int | None,
-             device_python: str | None = None) -> list:
-    from cuvil_edge.deploy.fleet import load_inventory
-    from cuvil_edge.deploy.transport import parse_address
-    from cuvil_edge.errors import DeployError
-
-    common: dict[str, Any] = {
-        "identity": str(identity.expanduser()) if identity else None,
-        "known_hosts": "" if no_host_key_check else (str(known_hosts.expanduser()) if known_hosts else None),
-        "root": root,
-        "store": store,
-        "daemon_port": daemon_port,
-        "python": device_python,
-    }
-    devices = []
-    if inventory is not None:
-        devices += load_inventory(inventory, **common)
-    given = {k: v for k, v in common.items() if v is not None}
-    for text in to or []:
-        devices.append(parse_address(text, **given))
-    if not devices:
-        raise DeployError("no devices: pass --to [user@]host[:port] or --inventory FILE")
-    return devices
 
 
 def _console(stderr: bool = False) -> Any:
@@ -72,24 +37,17 @@ def _console(stderr: bool = False) -> Any:
     return err_console if stderr else console
 
 
+@device_options()
 def deploy_cmd(
     bundle: Path = typer.Argument(..., help="The bundle (.cvb) to deploy."),
-    to: list[str] = TO,
-    inventory: Path = INVENTORY,
+    devices: DeviceSelection = DeviceSelection(),
     pub: Path = _opt(None, "--pub", help="Public key the bundle's signature must verify with."),
     allow_unsigned: bool = _opt(False, "--allow-unsigned",
                                 help="Deploy without checking who signed the bundle (checksums still checked)."),
-    identity: Path = IDENTITY,
-    known_hosts: Path = KNOWN_HOSTS,
-    no_host_key_check: bool = NO_HOST_KEY_CHECK,
-    root: str = ROOT,
-    store: str = STORE,
-    daemon_port: int = DAEMON_PORT,
     daemon_token: str = DAEMON_TOKEN,
     keep: int = _opt(3, "--keep", help="Versions kept per device (current and previous always stay)."),
     health_timeout: float = HEALTH_TIMEOUT,
     confirm_deadline: float = CONFIRM_DEADLINE,
-    device_python: str = DEVICE_PYTHON,
     connect_timeout: float = CONNECT_TIMEOUT,
     concurrency: int = _opt(8, "--concurrency", help="Devices deployed at once."),
     canary: int = _opt(1, "--canary", help="Devices that must succeed one by one before the rest."),
@@ -118,15 +76,14 @@ def deploy_cmd(
     from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeElapsedColumn
 
     from cuvil_edge.deploy.device import DeployOptions, prepare_bundle
-    from cuvil_edge.deploy.fleet import RolloutPolicy, rollout
+    from cuvil_edge.deploy.fleet import RolloutPolicy, rollout, select_devices
     from cuvil_edge.deploy.transport import run_sync
     from cuvil_edge.errors import DeployError
 
     t0 = time.monotonic()
     if pub is None and not allow_unsigned:
         raise DeployError("pass --pub KEY to check the bundle's signature (or --allow-unsigned)")
-    devices = _devices(to, inventory, identity, known_hosts, no_host_key_check, root, store, daemon_port,
-                       device_python)
+    addresses = select_devices(devices)
     prepared = prepare_bundle(bundle, pub)
     options = DeployOptions(keep=keep, health_timeout=health_timeout, daemon_token=daemon_token,
                             connect_timeout=connect_timeout, confirm_deadline=confirm_deadline)
@@ -139,8 +96,8 @@ def deploy_cmd(
     # follows. --json prints the report only.
     with Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TimeElapsedColumn(),
                   console=console if not as_json else None, disable=as_json, transient=True) as bar:
-        overall = bar.add_task(f"{prepared.name} {prepared.version} → {len(devices)} device(s)",
-                               total=len(devices) * prepared.size)
+        overall = bar.add_task(f"{prepared.name} {prepared.version} → {len(addresses)} device(s)",
+                               total=len(addresses) * prepared.size)
         shown: dict[str, int] = {}
         last_stage: dict[str, str] = {}
 
@@ -172,7 +129,7 @@ def deploy_cmd(
                 text += f": {escape(r.reason)}"
             say(r.device, f"{text} in {r.seconds:.1f} s")
 
-        result = run_sync(rollout(prepared, devices, options, policy, progress, on_result))
+        result = run_sync(rollout(prepared, addresses, options, policy, progress, on_result))
     if report is not None:
         result.write(report)
     if as_json:
@@ -181,7 +138,7 @@ def deploy_cmd(
         _print_results(result)
     ok = result.ok
     if build_engines:
-        ok = _deploy_engines(bundle, pub, devices, result, device_cli, engine_builder, daemon_token, as_json) and ok
+        ok = _deploy_engines(bundle, pub, addresses, result, device_cli, engine_builder, daemon_token, as_json) and ok
     line = "PASSED" if ok else "FAILED"
     counts = ", ".join(f"{v} {k}" for k, v in sorted(result.counts().items()))
     _console(as_json).print(f"[bold {'green' if ok else 'red'}]{line}[/] {counts} in {time.monotonic() - t0:.1f} s",
@@ -216,13 +173,13 @@ def _print_results(report: Any) -> None:
     from rich.table import Table
 
     t = Table(title=f"deploy {report.bundle['name']} {report.bundle['version']}")
-    for col in ("device", "status", "version", "previous", "sent", "s", "reason / notes"):
+    for col in ("device", "status", "version", "previous", "serving", "sent", "s", "reason / notes"):
         t.add_column(col, overflow="fold")
     colors = {"deployed": "green", "unchanged": "green", "rolled-back": "yellow", "skipped": "dim"}
     for r in report.results:
         text = r.reason or "; ".join(r.notes)
         t.add_row(r.device, f"[{colors.get(r.status, 'red')}]{r.status}[/]", r.version or "-",
-                  r.previous or "-", _size(r.bytes_sent), f"{r.seconds:.1f}", text)
+                  r.previous or "-", r.serving or "-", _size(r.bytes_sent), f"{r.seconds:.1f}", text)
     print_table(t, _console())
     if report.stopped:
         _console().print(f"[bold red]rollout stopped:[/] {report.stopped}", highlight=False)
@@ -254,21 +211,14 @@ def _on_each(devices: list[Any], call: Callable[[Any], Awaitable[Any]], limit: i
     return run_sync(run())
 
 
+@device_options()
 def rollback_cmd(
     name: str = typer.Argument(..., help="Bundle (model) name."),
-    to: list[str] = TO,
-    inventory: Path = INVENTORY,
+    devices: DeviceSelection = DeviceSelection(),
     version: str = _opt(None, "--version", help="Version to go back to. Defaults to the previous one."),
-    identity: Path = IDENTITY,
-    known_hosts: Path = KNOWN_HOSTS,
-    no_host_key_check: bool = NO_HOST_KEY_CHECK,
-    root: str = ROOT,
-    store: str = STORE,
-    daemon_port: int = DAEMON_PORT,
     daemon_token: str = DAEMON_TOKEN,
     health_timeout: float = HEALTH_TIMEOUT,
     confirm_deadline: float = CONFIRM_DEADLINE,
-    device_python: str = DEVICE_PYTHON,
     connect_timeout: float = CONNECT_TIMEOUT,
     as_json: bool = AS_JSON,
 ) -> None:
@@ -277,14 +227,14 @@ def rollback_cmd(
     The switch runs on the device as a deploy's does: confirmed by the gate, or switched back.
     """
     from cuvil_edge.deploy.device import DeployOptions, rollback_device
+    from cuvil_edge.deploy.fleet import select_devices
 
     t0 = time.monotonic()
-    devices = _devices(to, inventory, identity, known_hosts, no_host_key_check, root, store, daemon_port,
-                       device_python)
+    addresses = select_devices(devices)
     options = DeployOptions(health_timeout=health_timeout, daemon_token=daemon_token,
                             connect_timeout=connect_timeout, confirm_deadline=confirm_deadline)
     options.check()
-    results = _on_each(devices, lambda d: rollback_device(d, name, version, options))
+    results = _on_each(addresses, lambda d: rollback_device(d, name, version, options))
     if as_json:
         print(json.dumps([r.to_dict() for r in results], indent=2))
     else:
@@ -303,16 +253,10 @@ def rollback_cmd(
     _fail_unless(ok, f"rollback of {name} failed on some devices; see the table")
 
 
+@device_options(leave_out=("device_python",))
 def status_cmd(
-    to: list[str] = TO,
-    inventory: Path = INVENTORY,
+    devices: DeviceSelection = DeviceSelection(),
     name: str = _opt(None, "--name", help="Only this bundle (model) name."),
-    identity: Path = IDENTITY,
-    known_hosts: Path = KNOWN_HOSTS,
-    no_host_key_check: bool = NO_HOST_KEY_CHECK,
-    root: str = ROOT,
-    store: str = STORE,
-    daemon_port: int = DAEMON_PORT,
     daemon_token: str = DAEMON_TOKEN,
     connect_timeout: float = CONNECT_TIMEOUT,
     as_json: bool = AS_JSON,
@@ -320,10 +264,11 @@ def status_cmd(
     """Per device: versions present, current and previous, pending switches with their deadline,
     the last deploy outcome, daemon and model health, board facts."""
     from cuvil_edge.deploy.device import DeployOptions, device_status
+    from cuvil_edge.deploy.fleet import select_devices
 
-    devices = _devices(to, inventory, identity, known_hosts, no_host_key_check, root, store, daemon_port)
+    addresses = select_devices(devices)
     options = DeployOptions(daemon_token=daemon_token, connect_timeout=connect_timeout)
-    results = _on_each(devices, lambda d: device_status(d, name, options))
+    results = _on_each(addresses, lambda d: device_status(d, name, options))
     if as_json:
         print(json.dumps(results, indent=2))
     else:
@@ -365,36 +310,45 @@ def _backend_text(model: dict[str, Any]) -> str:
     return f"{backend}: {model.get('engine_reason')}" if model.get("engine_reason") else str(backend)
 
 
+@device_options(leave_out=("store", "daemon_port", "device_python"))
 def install_daemon_cmd(
-    to: list[str] = TO,
-    inventory: Path = INVENTORY,
+    devices: DeviceSelection = DeviceSelection(),
     unit: Path = _opt(None, "--unit", help="Unit file to install. Defaults to the packaged cuvil-edged.service."),
     start: bool = _opt(True, "--start/--no-start", help="Restart the service where systemd runs."),
-    identity: Path = IDENTITY,
-    known_hosts: Path = KNOWN_HOSTS,
-    no_host_key_check: bool = NO_HOST_KEY_CHECK,
-    root: str = ROOT,
+    wheels: Path = _opt(None, "--wheels", help="Folder of wheels prepared for the board's Python and arch "
+                        "(cuvil_edge-*.whl and its dependencies): installed offline into --venv, and the unit runs "
+                        "that venv's cuvil-edged."),
+    venv: str = _opt("/opt/cuvil-edge/venv", "--venv", help="The board's virtual environment (made with "
+                     "--system-site-packages, where JetPack's TensorRT is)."),
+    no_deps: bool = _opt(False, "--no-deps", help="With --wheels: install only the wheels' own packages."),
     connect_timeout: float = CONNECT_TIMEOUT,
     as_json: bool = AS_JSON,
 ) -> None:
-    """Install the daemon's systemd unit on each device and enable it (daemon-reload where systemd runs)."""
+    """Install the daemon's systemd unit on each device and enable it (daemon-reload where systemd runs).
+
+    As root or as a login user with sudo (a sudo that asks for a password is one clear error). With
+    --wheels the project is installed first, offline, into a venv that sees the system's TensorRT.
+    """
+    from cuvil_edge.deploy.fleet import select_devices
     from cuvil_edge.deploy.install import install_daemon, read_unit
 
     t0 = time.monotonic()
-    devices = _devices(to, inventory, identity, known_hosts, no_host_key_check, root, None, None)
+    addresses = select_devices(devices)
     data = read_unit(unit)
-    results = _on_each(devices, lambda d: install_daemon(d, data, start, connect_timeout), limit=max(1, len(devices)))
+    results = _on_each(addresses, lambda d: install_daemon(d, data, start, connect_timeout, wheels, venv, no_deps),
+                       limit=max(1, len(addresses)))
     if as_json:
         print(json.dumps([r.to_dict() for r in results], indent=2))
     else:
         from rich.table import Table
 
         t = Table(title="install-daemon")
-        for col in ("device", "status", "unit", "enabled for", "systemd", "reason"):
+        for col in ("device", "status", "unit", "runs", "enabled for", "systemd", "TensorRT", "reason"):
             t.add_column(col, overflow="fold")
         for r in results:
-            t.add_row(r.device, r.status, r.unit_path, ", ".join(r.enabled), "running" if r.systemd_running
-                      else "not running (enabled for next boot)", r.reason)
+            t.add_row(r.device + (" (sudo)" if r.sudo else ""), r.status, r.unit_path, r.exec_start,
+                      ", ".join(r.enabled), "running" if r.systemd_running else "not running (enabled for next boot)",
+                      r.tensorrt or "-", r.reason)
         print_table(t, _console())
     ok = all(r.ok for r in results)
     _console(as_json).print(f"[bold {'green' if ok else 'red'}]{'PASSED' if ok else 'FAILED'}[/] "

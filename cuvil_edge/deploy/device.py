@@ -5,9 +5,9 @@ the old one, whatever happens to the link:
 
 1. probe the device (architecture, board, L4T, TensorRT) and refuse a bundle that does not fit;
 2. take the device lock; unless that exact bundle (same signed manifest) is already installed,
-   send the ``.cvb`` to ``deploy/uploads/`` (resumable; sha256 checked on the device), extract it
-   with ``tar`` into ``deploy/staging/``, check every file's sha256 on the device and rename the
-   directory to ``bundles/<name>/<version>``;
+   send the ``.cvb`` to ``deploy/uploads/`` (resumable; sha256 checked on the device), then the
+   device unpacks it (``ondevice unpack``, ``deploy/unpack.py``): extract, fsync every file and
+   directory, check every file's sha256, rename to ``bundles/<name>/<version>``, fsync the parents;
 3. start the device-side step (``python -m cuvil_edge.deploy.ondevice activate``, detached from
    the SSH session, the lock handed over to it): it records a pending switch with a confirm
    deadline, switches ``current``, has the daemon load the model, runs the health gate with the
@@ -36,11 +36,13 @@ from typing import Any
 import asyncssh
 
 from cuvil_edge.bundle import Manifest, verify_bundle
-from cuvil_edge.bundle.container import MANIFEST_NAME, SIGNATURE_NAME, iter_member_bytes
+from cuvil_edge.bundle.container import MANIFEST_NAME, iter_member_bytes
 from cuvil_edge.deploy.activate import GATE_MARGIN_S
 from cuvil_edge.deploy.layout import DeviceActivating, DeviceBusy, DeviceLock, DeviceStore, check_component
 from cuvil_edge.deploy.probe import DeviceFacts, IncompatibleDevice, check_compatible, probe_device
-from cuvil_edge.deploy.transport import DeviceAddress, SSHTransport, Unreachable
+from cuvil_edge.deploy.transport import DeviceAddress, Unreachable
+from cuvil_edge.deploy.transport_base import Transport
+from cuvil_edge.deploy.transports import open_transport
 from cuvil_edge.deploy.upload import CorruptUpload, file_sha256, upload_resumable
 from cuvil_edge.errors import BundleError, DeployError
 
@@ -155,6 +157,7 @@ class DeviceResult:
     facts: dict[str, Any] | None = None
     health: dict[str, Any] | None = None
     txn: str | None = None
+    serving: str | None = None  # the version the device's ``current`` named when it last answered
 
     @property
     def ok(self) -> bool:
@@ -195,7 +198,7 @@ async def deploy_device(
     t0 = time.monotonic()
     try:
         options.check()
-        async with SSHTransport(address, options.connect_timeout) as tr:
+        async with open_transport(address, options.connect_timeout) as tr:
             await _deploy(tr, bundle, options, res, progress)
     except (DeployError, asyncssh.Error, OSError, asyncio.TimeoutError) as exc:
         _translate(res, address, exc)
@@ -204,7 +207,7 @@ async def deploy_device(
     return res
 
 
-async def _take_lock(tr: SSHTransport, progress: Progress, total: int) -> DeviceLock:
+async def _take_lock(tr: Transport, progress: Progress, total: int) -> DeviceLock:
     """The device lock; while the device still runs an earlier run's deploy step, wait for it."""
     lock = DeviceLock(tr)
     waited = False
@@ -221,7 +224,7 @@ async def _take_lock(tr: SSHTransport, progress: Progress, total: int) -> Device
             await asyncio.sleep(1.0)
 
 
-async def _deploy(tr: SSHTransport, bundle: PreparedBundle, options: DeployOptions, res: DeviceResult,
+async def _deploy(tr: Transport, bundle: PreparedBundle, options: DeployOptions, res: DeviceResult,
                   progress: Progress) -> None:
     label = tr.address.label
     store = DeviceStore(tr)
@@ -239,13 +242,14 @@ async def _deploy(tr: SSHTransport, bundle: PreparedBundle, options: DeployOptio
             await lock.release()  # a no-op once the device-side step took the lock over
 
 
-async def _deploy_locked(tr: SSHTransport, store: DeviceStore, bundle: PreparedBundle, options: DeployOptions,
+async def _deploy_locked(tr: Transport, store: DeviceStore, bundle: PreparedBundle, options: DeployOptions,
                          res: DeviceResult, progress: Progress, lock: DeviceLock) -> None:
     label = tr.address.label
     name, version = bundle.name, bundle.version
     current = await store.current(name)
     state = await store.read_state(name)
     res.previous = current
+    res.serving = current
     if await _adopt(tr, state, bundle, current, res):
         return
     on_device = await store.manifest_bytes(name, version)
@@ -282,6 +286,7 @@ async def _deploy_locked(tr: SSHTransport, store: DeviceStore, bundle: PreparedB
 
 def _apply_outcome(res: DeviceResult, outcome: dict[str, Any]) -> None:
     status = outcome.get("status")
+    res.serving = outcome.get("serving", res.serving)
     res.previous = outcome.get("previous", res.previous)
     res.health = outcome.get("health") or res.health
     res.notes += [n for n in outcome.get("notes") or [] if n not in res.notes]
@@ -300,7 +305,7 @@ def _apply_outcome(res: DeviceResult, outcome: dict[str, Any]) -> None:
         res.status = "failed"
 
 
-async def _adopt(tr: SSHTransport, state: dict[str, Any], bundle: PreparedBundle, current: str | None,
+async def _adopt(tr: Transport, state: dict[str, Any], bundle: PreparedBundle, current: str | None,
                  res: DeviceResult) -> bool:
     """Report the device's outcome of an earlier run of this bundle that its host never read (its
     link dropped during the device step); True when that outcome answers this run."""
@@ -321,7 +326,7 @@ async def _adopt(tr: SSHTransport, state: dict[str, Any], bundle: PreparedBundle
     return True
 
 
-async def _ondevice(tr: SSHTransport, args: list[str], timeout: float, stdin: str | None = None) -> dict[str, Any]:
+async def _ondevice(tr: Transport, args: list[str], timeout: float, stdin: str | None = None) -> dict[str, Any]:
     """Run ``python -m cuvil_edge.deploy.ondevice ARGS`` on the device; its JSON answer."""
     import json
 
@@ -340,7 +345,7 @@ async def _ondevice(tr: SSHTransport, args: list[str], timeout: float, stdin: st
     return dict(answer)
 
 
-async def _ondevice_acked(tr: SSHTransport, args: list[str], timeout: float, first_line: str | None = None
+async def _ondevice_acked(tr: Transport, args: list[str], timeout: float, first_line: str | None = None
                           ) -> dict[str, Any]:
     """Run an ``ondevice`` step that answers with an outcome, and acknowledge the outcome once read.
 
@@ -349,14 +354,11 @@ async def _ondevice_acked(tr: SSHTransport, args: list[str], timeout: float, fir
     unseen and the next deploy reports it.
     """
     import json
-    import shlex
 
     a = tr.address
-    if tr.conn is None:
-        raise Unreachable(f"{a.label}: not connected")
     argv = [a.python, "-m", "cuvil_edge.deploy.ondevice", *args, "--ack-stdin"]
     try:
-        proc = await tr.conn.create_process(shlex.join(argv))
+        proc = await tr.process(argv)
         try:
             if first_line is not None:
                 proc.stdin.write(first_line + "\n")
@@ -382,10 +384,10 @@ async def _ondevice_acked(tr: SSHTransport, args: list[str], timeout: float, fir
         finally:
             proc.close()
     except (asyncssh.Error, OSError, asyncio.TimeoutError) as exc:
-        raise tr._error("run", f"ondevice {args[0]}", exc) from exc
+        raise tr.error("run", f"ondevice {args[0]}", exc) from exc
 
 
-async def _activate_on_device(tr: SSHTransport, name: str, version: str, sha256: str | None,
+async def _activate_on_device(tr: Transport, name: str, version: str, sha256: str | None,
                               options: DeployOptions, res: DeviceResult, progress: Progress,
                               lock: DeviceLock | None) -> dict[str, Any]:
     """Start the device-side transaction and return its outcome, reconnecting when the link drops.
@@ -414,6 +416,7 @@ async def _activate_on_device(tr: SSHTransport, name: str, version: str, sha256:
     try:
         answer = await _ondevice_acked(tr, argv, wait + 60, first_line=options.daemon_token or "")
         while answer.get("state") == "pending":
+            await _revert_if_overdue(tr, deadline_at)
             answer = await _ondevice_acked(tr, ["wait", "--store", a.store_root, "--name", name, "--txn", txn,
                                                 "--timeout", "20"], 80)
     except Unreachable as exc:
@@ -424,10 +427,27 @@ async def _activate_on_device(tr: SSHTransport, name: str, version: str, sha256:
     if state == "refused":
         reason = str((answer.get("outcome") or {}).get("reason"))
         raise DeviceBusy(f"{a.label}: {reason}") if "busy" in reason else DeployError(f"{a.label}: {reason}")
+    res.serving = answer.get("current", res.serving)
     if state == "unknown":
         raise Unreachable(f"{a.label}: the link dropped before the device step started; nothing was switched "
                           f"(current: {answer.get('current')}); deploy again")
     return dict(answer.get("outcome") or {})
+
+
+async def _revert_if_overdue(tr: Transport, deadline_at: float) -> bool:
+    """Revert the device's unconfirmed switches once the deadline of ours has passed (the host
+    logs in as root or through sudo, so it may, whatever the daemon may); True when it ran.
+
+    The device reverts by itself too (a root timer at the deadline, the daemon unit's start), but
+    the host that is connected now need not wait for either: what it reports is then what the
+    device serves.
+    """
+    if time.time() < deadline_at + 1.0:
+        return False
+    with contextlib.suppress(DeployError):
+        await _ondevice(tr, ["revert-expired", "--store", tr.address.store_root, "--reload", "cuvil-edged.service"],
+                        120)
+    return True
 
 
 async def _reconnect_and_wait(address: DeviceAddress, name: str, txn: str, options: DeployOptions,
@@ -436,16 +456,23 @@ async def _reconnect_and_wait(address: DeviceAddress, name: str, txn: str, optio
     span = options.reconnect_for if options.reconnect_for is not None else options.confirm_deadline + 30.0
     give_up = time.monotonic() + span
     delay, last = 0.5, first
+    seen: dict[str, Any] | None = None  # the last answer of a device we did reach
     while True:
         left = give_up - time.monotonic()
         if left <= 0:
             break
         try:
-            async with SSHTransport(address, max(1.0, min(options.connect_timeout, left))) as tr:
+            async with open_transport(address, max(1.0, min(options.connect_timeout, left))) as tr:
+                first_round = True
                 while True:
+                    # Once per reconnection whatever the clock says: the device may have rebooted
+                    # (a power cut), which makes its pending switch due at once (boot id rule).
+                    await _revert_if_overdue(tr, 0.0 if first_round else deadline_at)
+                    first_round = False
                     answer = await _ondevice_acked(tr, ["wait", "--store", address.store_root, "--name", name,
                                                         "--txn", txn, "--timeout", f"{max(1.0, min(20.0, left)):g}"],
                                                    80)
+                    seen = answer
                     if answer.get("state") != "pending":
                         if answer.get("state") == "unknown" and lock is not None:
                             with contextlib.suppress(DeployError, asyncssh.Error, OSError):
@@ -460,12 +487,17 @@ async def _reconnect_and_wait(address: DeviceAddress, name: str, txn: str, optio
         delay = min(delay * 2, 5.0)
     from cuvil_edge.bundle.activation import now_iso as _iso
 
+    if seen is not None:  # reachable, but the switch stayed pending: say so, not "cannot connect"
+        raise DeployError(
+            f"{address.label}: reconnected, but the device's deploy step still had {name} pending after "
+            f"{span:.0f} s (serving {seen.get('current')}); the device reverts an unconfirmed switch by "
+            f"{_iso(deadline_at)}: `cuvil-edge status` shows the outcome")
     raise Unreachable(
         f"{address.label}: link lost during the device's deploy step ({last}); the device finishes it by itself "
         f"and reverts an unconfirmed switch by {_iso(deadline_at)}: `cuvil-edge status` or a re-run shows the outcome")
 
 
-async def _install(tr: SSHTransport, store: DeviceStore, bundle: PreparedBundle, res: DeviceResult,
+async def _install(tr: Transport, store: DeviceStore, bundle: PreparedBundle, res: DeviceResult,
                    progress: Progress) -> None:
     label = tr.address.label
     name, version = bundle.name, bundle.version
@@ -480,38 +512,22 @@ async def _install(tr: SSHTransport, store: DeviceStore, bundle: PreparedBundle,
         res.notes.append("partial upload on the device did not match; sent again from the start")
     res.stage = "extract"
     progress(label, "extract", bundle.size, bundle.size)
-    staging = store.staging_dir(name, version)
-    await tr.rmtree(staging)
-    await tr.makedirs(staging)
-    try:
-        out = await tr.run(["tar", "-x", "--no-same-owner", "--no-same-permissions", "-f", final, "-C", staging])
-        if out.exit_status != 0:
-            raise DeployError(f"{label}: tar could not extract {final}: {out.stderr.strip()[:300]}")
-        expected = {f.path: f.sha256 for f in bundle.manifest.files}
-        expected[MANIFEST_NAME] = hashlib.sha256(bundle.manifest_bytes).hexdigest()
-        paths = [os.path.join(staging, p) for p in sorted(expected)]
-        check = await tr.run(["sha256sum", "--", *paths])
-        got: dict[str, str] = {}
-        for line in check.stdout.splitlines():
-            digest, _, path = line.partition("  ")
-            got[os.path.relpath(path, staging)] = digest
-        bad = sorted(p for p, d in expected.items() if got.get(p) != d)
-        if check.exit_status != 0 or bad:
-            raise CorruptUpload(f"{label}: extracted files do not match the manifest: {', '.join(bad)[:300]}")
-        if not await tr.exists(os.path.join(staging, SIGNATURE_NAME)):
-            raise DeployError(f"{label}: {SIGNATURE_NAME} missing after extraction")
-        await tr.makedirs(store.bundle_dir(name))
-        await tr.rename(staging, store.version_dir(name, version))
-    except BaseException:
-        with contextlib.suppress(Exception):
-            await tr.rmtree(staging)
-        raise
-    await tr.remove(final)
+    # On the device, in one step: extract, fsync every file and directory, check each sha256,
+    # rename into bundles/ and fsync the parents (deploy/unpack.py): a power cut at any moment
+    # leaves no version directory or a complete, durable one.
+    answer = await _ondevice(tr, ["unpack", "--store", tr.address.store_root, "--name", name, "--version", version,
+                                  "--sha256", bundle.sha256, "--manifest-sha256",
+                                  hashlib.sha256(bundle.manifest_bytes).hexdigest()], 1800)
+    if not answer.get("ok"):
+        reason = str(answer.get("reason") or "unknown reason")
+        if "do not match" in reason:
+            raise CorruptUpload(f"{label}: {reason[:400]}")
+        raise DeployError(f"{label}: the device could not unpack {name} {version}: {reason[:400]}")
     # The install record (sha256, time) is written on the device by the deploy step.
 
 
 @contextlib.asynccontextmanager
-async def _daemon_forward(tr: SSHTransport) -> AsyncIterator[str]:
+async def _daemon_forward(tr: Transport) -> AsyncIterator[str]:
     """The daemon's base URL, through an SSH port forward that lasts as long as the block."""
     async with tr.forward_local(tr.address.daemon_port) as port:
         yield f"http://127.0.0.1:{port}"
@@ -533,7 +549,7 @@ async def rollback_device(
     t0 = time.monotonic()
     try:
         options.check()
-        async with SSHTransport(address, options.connect_timeout) as tr:
+        async with open_transport(address, options.connect_timeout) as tr:
             lock = await _take_lock(tr, _noop, 0)
             try:
                 await _rollback(tr, res, name, version, options, lock)
@@ -546,7 +562,7 @@ async def rollback_device(
     return res
 
 
-async def _rollback(tr: SSHTransport, res: DeviceResult, name: str, version: str | None,
+async def _rollback(tr: Transport, res: DeviceResult, name: str, version: str | None,
                     options: DeployOptions, lock: DeviceLock) -> None:
     address = tr.address
     store = DeviceStore(tr)
@@ -577,7 +593,7 @@ async def device_status(address: DeviceAddress, name: str | None = None, options
     options = options or DeployOptions()
     out: dict[str, Any] = {"device": address.label, "reachable": False}
     try:
-        async with SSHTransport(address, options.connect_timeout) as tr:
+        async with open_transport(address, options.connect_timeout) as tr:
             out["reachable"] = True
             store = DeviceStore(tr)
             facts: DeviceFacts = await probe_device(tr)
@@ -634,9 +650,9 @@ async def _serving_engine(base: str, name: str, token: str | None) -> dict[str, 
 
 
 def _get(base: str, path: str, token: str | None) -> tuple[int, Any]:
-    from cuvil_edge.deploy.health import _HTTPFailure, daemon_request
+    from cuvil_edge.deploy.health import DaemonHTTPFailure, daemon_request
 
     try:
         return daemon_request(base, "GET", path, timeout=5.0, token=token)
-    except _HTTPFailure as exc:
+    except DaemonHTTPFailure as exc:
         raise DeployError(exc.message) from None

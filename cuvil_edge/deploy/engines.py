@@ -27,7 +27,6 @@ import asyncio
 import contextlib
 import json
 import re
-import shlex
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -50,7 +49,9 @@ from cuvil_edge.bundle.engine_store import (
     sha256_bytes,
 )
 from cuvil_edge.bundle.layout import StoreLayout
-from cuvil_edge.deploy.transport import DeviceAddress, SSHTransport
+from cuvil_edge.deploy.transport import DeviceAddress
+from cuvil_edge.deploy.transport_base import Transport
+from cuvil_edge.deploy.transports import open_transport
 from cuvil_edge.errors import DeployError
 
 __all__ = ["BundleEngineSource", "EngineOutcome", "choose_plan", "ensure_engine", "ensure_engines"]
@@ -172,7 +173,7 @@ async def ensure_engine(
     out = EngineOutcome(device=address.label)
     t0 = time.monotonic()
     try:
-        async with SSHTransport(address, connect_timeout) as tr:
+        async with open_transport(address, connect_timeout) as tr:
             await _ensure(tr, source, cache, list(device_cli), builder, dla_core, rebuild, on_line, build_timeout,
                           out, key_locks if key_locks is not None else {})
             if reload and out.ok:
@@ -204,7 +205,7 @@ async def ensure_engines(addresses: Sequence[DeviceAddress], source: BundleEngin
     return list(await asyncio.gather(*(one(a) for a in addresses)))
 
 
-async def _ensure(tr: SSHTransport, source: BundleEngineSource, cache: EngineStore, device_cli: list[str],
+async def _ensure(tr: Transport, source: BundleEngineSource, cache: EngineStore, device_cli: list[str],
                   builder: str | None, dla_core: int | None, rebuild: bool, on_line: LineSink | None,
                   build_timeout: float, out: EngineOutcome, key_locks: dict[str, asyncio.Lock]) -> None:
     from cuvil_edge.deploy.probe import probe_device
@@ -243,7 +244,7 @@ async def _ensure(tr: SSHTransport, source: BundleEngineSource, cache: EngineSto
     out.status, out.plan_sha256, out.builder = "uploaded", rec.plan_sha256, rec.builder
 
 
-async def _build_and_fetch(tr: SSHTransport, source: BundleEngineSource, plan: dict[str, Any], key: EngineKey,
+async def _build_and_fetch(tr: Transport, source: BundleEngineSource, plan: dict[str, Any], key: EngineKey,
                            remote: EngineStore, cache: EngineStore, device_cli: list[str], builder: str | None,
                            on_line: LineSink | None, build_timeout: float, out: EngineOutcome) -> None:
     """Build on the device, then download plan, log and timing cache into the host cache."""
@@ -261,7 +262,7 @@ async def _build_and_fetch(tr: SSHTransport, source: BundleEngineSource, plan: d
     out.status, out.plan_sha256, out.builder, out.builds = "built", rec.plan_sha256, rec.builder, 1
 
 
-async def _remote_verified(tr: SSHTransport, remote: EngineStore, key: EngineKey, model_sha: str
+async def _remote_verified(tr: Transport, remote: EngineStore, key: EngineKey, model_sha: str
                            ) -> EngineRecord | None:
     """The device's record for key + model when its plan hashes (on the device) to the record's."""
     raw = await tr.read_bytes(str(remote.record_path(key, model_sha)), 1 << 20)
@@ -279,7 +280,7 @@ async def _remote_verified(tr: SSHTransport, remote: EngineStore, key: EngineKey
     return rec if await tr.sha256(plan_path) == rec.plan_sha256 else None
 
 
-async def _upload(tr: SSHTransport, cache: EngineStore, remote: EngineStore, rec: EngineRecord,
+async def _upload(tr: Transport, cache: EngineStore, remote: EngineStore, rec: EngineRecord,
                   out: EngineOutcome) -> None:
     """Cached engine -> device: plan, log, timing cache, then (sha256 checked there) the record."""
     key, sha = rec.key, rec.model_sha256
@@ -307,7 +308,7 @@ async def _upload(tr: SSHTransport, cache: EngineStore, remote: EngineStore, rec
     out.bytes_sent += len(record)
 
 
-async def _build(tr: SSHTransport, source: BundleEngineSource, plan: dict[str, Any], key: EngineKey,
+async def _build(tr: Transport, source: BundleEngineSource, plan: dict[str, Any], key: EngineKey,
                  remote: EngineStore, device_cli: list[str], builder: str | None, on_line: LineSink | None,
                  build_timeout: float, out: EngineOutcome) -> EngineRecord:
     label = tr.address.label
@@ -325,11 +326,10 @@ async def _build(tr: SSHTransport, source: BundleEngineSource, plan: dict[str, A
                 "--store", tr.address.store_root, "--root", tr.address.root]
         if builder:
             argv += ["--builder", builder]
-        assert tr.conn is not None
         record: EngineRecord | None = None
         tail: list[str] = []
         try:
-            async with tr.conn.create_process(shlex.join(argv), stderr=asyncssh.STDOUT) as proc:
+            async with await tr.process(argv, merge_stderr=True) as proc:
                 async def pump() -> None:
                     nonlocal pgid, record
                     async for raw in proc.stdout:
@@ -372,7 +372,7 @@ async def _build(tr: SSHTransport, source: BundleEngineSource, plan: dict[str, A
             await asyncio.shield(tr.rmtree(work))
 
 
-async def _kill_group(tr: SSHTransport, pgid: int | None) -> None:
+async def _kill_group(tr: Transport, pgid: int | None) -> None:
     """Stop the device build: SIGTERM to its process group (the CLI and the builder it runs)."""
     if pgid is None or pgid <= 1:
         return
@@ -380,7 +380,7 @@ async def _kill_group(tr: SSHTransport, pgid: int | None) -> None:
         await tr.run(["kill", "-TERM", "--", f"-{pgid}"], timeout=15)
 
 
-async def _reload(tr: SSHTransport, source: BundleEngineSource, token: str | None) -> bool:
+async def _reload(tr: Transport, source: BundleEngineSource, token: str | None) -> bool:
     """Ask the daemon to reload the model when the device serves this bundle (picks the engine up)."""
     from cuvil_edge.deploy.health import daemon_load
     from cuvil_edge.deploy.layout import DeviceStore

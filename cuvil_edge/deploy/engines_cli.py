@@ -14,6 +14,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from cuvil_edge._device_options import DeviceSelection
+
 __all__ = ["build_on_devices", "run_engine_builds"]
 
 
@@ -38,7 +40,8 @@ def run_engine_builds(source: Any, devices: list[Any], *, as_json: bool = False,
         async def go() -> list[Any]:
             # Devices in parallel (8 at a time); one lock per key: the first of a key builds, its
             # twins wait for the cache and upload.
-            sem, locks = asyncio.Semaphore(8), {}
+            sem = asyncio.Semaphore(8)
+            locks: dict[Any, asyncio.Lock] = {}
 
             async def one(d: Any) -> Any:
                 async with sem:
@@ -71,16 +74,10 @@ def print_outcomes(outcomes: list[Any], title: str) -> None:
 
 def build_on_devices(
     bundle: Path | None,
-    on: list[str],
+    devices: DeviceSelection,
     *,
-    inventory: Path | None = None,
     pub: Path | None,
     allow_unsigned: bool,
-    identity: Path | None,
-    known_hosts: Path | None,
-    root: str | None,
-    store: str | None,
-    daemon_port: int | None,
     device_cli: str,
     builder: str | None,
     dla_core: int | None,
@@ -90,6 +87,7 @@ def build_on_devices(
     """``cuvil-edge engine build --on DEVICE... BUNDLE``: see that command's help."""
     from cuvil_edge._console import console, err_console
     from cuvil_edge.deploy.engines import BundleEngineSource
+    from cuvil_edge.deploy.fleet import select_devices
     from cuvil_edge.errors import DeployError
 
     t0 = time.monotonic()
@@ -97,11 +95,8 @@ def build_on_devices(
         raise DeployError("--on/--inventory need the bundle: cuvil-edge engine build --on DEVICE BUNDLE.cvb")
     if pub is None and not allow_unsigned:
         raise DeployError("pass --pub KEY to check the bundle's signature (or --allow-unsigned)")
-    from cuvil_edge.deploy.cli import _devices
-
-    devices = _devices(on, inventory, identity, known_hosts, False, root, store, daemon_port)
     source = BundleEngineSource.from_bundle(Path(bundle), pub)
-    outcomes = run_engine_builds(source, devices, as_json=as_json, device_cli=shlex.split(device_cli),
+    outcomes = run_engine_builds(source, select_devices(devices), as_json=as_json, device_cli=shlex.split(device_cli),
                                  builder=builder, dla_core=dla_core, rebuild=rebuild)
     if as_json:
         print(json.dumps([o.to_dict() for o in outcomes], indent=2))

@@ -25,12 +25,13 @@ from pathlib import Path
 from typing import Any
 
 from cuvil_edge._atomic import atomic_write_text
+from cuvil_edge._device_options import DeviceSelection
 from cuvil_edge._toml import loads_toml
 from cuvil_edge.deploy.device import DeployOptions, DeviceResult, PreparedBundle, Progress, deploy_device
 from cuvil_edge.deploy.transport import DeviceAddress, parse_address
 from cuvil_edge.errors import DeployError
 
-__all__ = ["FleetReport", "RolloutPolicy", "load_inventory", "rollout"]
+__all__ = ["FleetReport", "RolloutPolicy", "load_inventory", "rollout", "select_devices"]
 
 
 @dataclass
@@ -166,6 +167,32 @@ async def rollout(
     report.results = [by_label[d.label] for d in devices]
     report.seconds = loop.time() - t0
     return report
+
+
+def select_devices(selection: DeviceSelection) -> list[DeviceAddress]:
+    """The devices a command's device options name: the inventory's, then each ``--to``.
+
+    Raises:
+        DeployError: no device named, or an address or inventory that does not parse.
+    """
+    common: dict[str, Any] = {
+        "identity": str(selection.identity.expanduser()) if selection.identity else None,
+        "known_hosts": "" if selection.no_host_key_check else (
+            str(selection.known_hosts.expanduser()) if selection.known_hosts else None),
+        "root": selection.root,
+        "store": selection.store,
+        "daemon_port": selection.daemon_port,
+        "python": selection.device_python,
+    }
+    devices = []
+    if selection.inventory is not None:
+        devices += load_inventory(selection.inventory, **common)
+    given = {k: v for k, v in common.items() if v is not None}
+    for text in selection.to:
+        devices.append(parse_address(text, **given))
+    if not devices:
+        raise DeployError("no devices: pass --to [user@]host[:port] or --inventory FILE")
+    return devices
 
 
 def load_inventory(path: Path, **defaults: Any) -> list[DeviceAddress]:

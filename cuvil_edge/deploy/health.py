@@ -26,7 +26,8 @@ from cuvil_edge.errors import DeployError
 if TYPE_CHECKING:
     from cuvil_edge.bundle.manifest import Manifest
 
-__all__ = ["HealthResult", "check_health", "daemon_load", "daemon_request", "daemon_unload", "sample_member"]
+__all__ = ["DaemonHTTPFailure", "HealthResult", "check_health", "daemon_load", "daemon_request", "daemon_unload",
+           "sample_member"]
 
 _DTYPES = {
     "float32": "FP32", "float16": "FP16", "float64": "FP64", "int64": "INT64", "int32": "INT32",
@@ -50,7 +51,7 @@ class HealthResult:
         return asdict(self)
 
 
-class _HTTPFailure(DeployError):
+class DaemonHTTPFailure(DeployError):
     """The daemon did not answer; callers turn it into a health result or a DeployError message."""
 
     def __init__(self, status: int, message: str) -> None:
@@ -61,7 +62,7 @@ class _HTTPFailure(DeployError):
 
 def daemon_request(base_url: str, method: str, path: str, body: Any = None, timeout: float = 10.0,
                    token: str | None = None) -> tuple[int, Any]:
-    """One JSON request; returns (status, decoded body). Raises _HTTPFailure(0, ...) when unreachable."""
+    """One JSON request; returns (status, decoded body). Raises DaemonHTTPFailure(0, ...) when unreachable."""
     data = None if body is None else json.dumps(body).encode()
     req = urllib.request.Request(base_url.rstrip("/") + path, data=data, method=method)
     if data is not None:
@@ -78,7 +79,7 @@ def daemon_request(base_url: str, method: str, path: str, body: Any = None, time
         exc.close()
     except (urllib.error.URLError, OSError, TimeoutError) as exc:
         reason = getattr(exc, "reason", exc)
-        raise _HTTPFailure(0, f"daemon not reachable at {base_url}: {reason}") from None
+        raise DaemonHTTPFailure(0, f"daemon not reachable at {base_url}: {reason}") from None
     try:
         decoded = json.loads(raw) if raw else {}
     except ValueError:
@@ -96,7 +97,7 @@ def _repository(base_url: str, model: str, action: str, timeout: float, token: s
     path = f"/v2/repository/models/{model}/{action}"
     try:
         status, body = daemon_request(base_url, "POST", path, {}, timeout=timeout, token=token)
-    except _HTTPFailure as exc:
+    except DaemonHTTPFailure as exc:
         return exc.message
     if status != 200:
         return f"{action} of {model} failed: HTTP {status}: {_error_text(body)}"
@@ -160,7 +161,7 @@ def check_health(
             if status == 200:
                 break
             last = f"model {name} version {version} not ready (HTTP {status}: {_error_text(body)})"
-        except _HTTPFailure as exc:
+        except DaemonHTTPFailure as exc:
             last = exc.message
         if time.monotonic() >= deadline:
             return HealthResult(False, f"timeout after {timeout:g} s: {last}", time.monotonic() - start)
@@ -188,7 +189,7 @@ def check_health(
             last = f"inference on the validation sample failed: HTTP {status}: {_error_text(body)}"
             if 400 <= status < 500 and status not in (404, 409, 429):
                 return HealthResult(False, last, time.monotonic() - start)
-        except _HTTPFailure as exc:
+        except DaemonHTTPFailure as exc:
             last = exc.message
         if time.monotonic() >= deadline:
             return HealthResult(False, f"timeout after {timeout:g} s: {last}", time.monotonic() - start)

@@ -31,13 +31,18 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-import asyncssh
-
 from cuvil_edge.bundle.layout import StoreLayout, version_of_link
 from cuvil_edge.bundle.names import check_component as _check_component
 from cuvil_edge.bundle.names import is_safe_component
-from cuvil_edge.deploy.lockfile import lock_record, parse_record, pid_alive, record_expired
-from cuvil_edge.deploy.transport import SSHTransport
+from cuvil_edge.deploy.lockfile import (
+    holder_pid,
+    lock_record,
+    other_boot,
+    parse_record,
+    pid_alive,
+    record_expired,
+)
+from cuvil_edge.deploy.transport_base import Transport
 from cuvil_edge.errors import DeployError
 
 __all__ = ["DeviceActivating", "DeviceBusy", "DeviceLock", "DeviceStore", "check_component"]
@@ -54,7 +59,7 @@ def check_component(kind: str, value: str) -> str:
 class DeviceStore:
     """Paths and operations of one device's bundle store."""
 
-    tr: SSHTransport
+    tr: Transport
 
     @property
     def root(self) -> str:
@@ -100,8 +105,8 @@ class DeviceStore:
             if not is_safe_component(entry):
                 continue
             st = await self.tr.stat(os.path.join(base, entry))
-            if st is not None and st.type == 2:  # SFTP file type 2: directory
-                found.append((float(st.mtime or 0), entry))
+            if st is not None and st.is_dir:
+                found.append((st.mtime, entry))
         state = await self.read_state(name)
         installed = state.get("versions", {})
         found.sort(key=lambda mv: (installed.get(mv[1], {}).get("installed", ""), mv[0], mv[1]))
@@ -156,7 +161,7 @@ class DeviceLock:
     only while it still holds this run's token.
     """
 
-    tr: SSHTransport
+    tr: Transport
     lease_s: float = 1800.0
     token: str = field(default_factory=lambda: uuid.uuid4().hex)
 
@@ -172,20 +177,11 @@ class DeviceLock:
     async def acquire(self) -> None:
         await self.tr.makedirs(os.path.dirname(self.path))
         for _ in range(2):
-            try:
-                f = await self.tr.sftp.open(self.path, "xb")  # type: ignore[union-attr]
-            except asyncssh.SFTPFailure:
-                if not await self._stale():
-                    raise
-                await self.tr.remove(self.path)
-                continue
-            except asyncssh.Error as exc:
-                raise self.tr._error("lock", self.path, exc) from exc
-            try:
-                await f.write(self._record())
-            finally:
-                await f.close()
-            return
+            if await self.tr.create_exclusive(self.path, self._record()):
+                return
+            if not await self._stale():
+                raise DeviceBusy(f"{self.tr.address.label}: busy: {self.path} is held")
+            await self.tr.remove(self.path)
         raise DeviceBusy(f"{self.tr.address.label}: could not take {self.path}")
 
     async def _stale(self) -> bool:
@@ -197,7 +193,10 @@ class DeviceLock:
         if record_expired(holder):
             return True
         if holder.get("where") == "device":
-            pid = int(holder.get("pid", -1))
+            boot = (await self.tr.read_bytes("/proc/sys/kernel/random/boot_id", 256) or b"").decode().strip()
+            if other_boot(holder, boot or None):
+                return True  # the device rebooted (or lost power) since: that step is gone
+            pid = holder_pid(holder)
             if pid <= 0 or not await self.tr.exists(f"/proc/{pid}"):
                 return True  # the device-side step died (its pid is gone from the device)
             raise DeviceActivating(
@@ -205,7 +204,7 @@ class DeviceLock:
                 f"(txn {holder.get('txn')}, pid {pid}) since {holder.get('at')}",
                 str(holder.get("txn")), float(holder.get("expires", 0)))
         if holder.get("host") == socket.gethostname():
-            pid = int(holder.get("pid", -1))
+            pid = holder_pid(holder)
             if pid == os.getpid() or not pid_alive(pid):
                 return True
         raise DeviceBusy(
@@ -216,7 +215,7 @@ class DeviceLock:
     async def held(self) -> bool:
         """True while the lock file still carries this run's token (not handed over, not taken)."""
         holder = parse_record(await self.tr.read_bytes(self.path, 65536))
-        return bool(holder) and holder.get("token") == self.token
+        return holder is not None and holder.get("token") == self.token
 
     async def release(self) -> None:
         """Remove the lock unless the device-side step took it over (it releases it itself)."""

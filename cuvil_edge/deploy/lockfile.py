@@ -8,7 +8,8 @@ So both read the same fields the same way. Pure: the device-side step imports it
 A record::
 
     {"host": "...", "pid": 1234, "since": <unix s>, "expires": <unix s>, "at": "<iso>",
-     "where": "host" | "device", "token": "<hex>", "txn": "..." (device only)}
+     "where": "host" | "device", "token": "<hex>", "txn": "..." (device only),
+     "boot_id": "..." (device only: a record of an earlier boot is stale whatever its pid)}
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import time
 import uuid
 from typing import Any
 
-__all__ = ["lock_record", "parse_record", "pid_alive", "record_expired"]
+__all__ = ["holder_pid", "lock_record", "other_boot", "parse_record", "pid_alive", "record_expired"]
 
 
 def pid_alive(pid: int) -> bool:
@@ -46,7 +47,24 @@ def lock_record(where: str, expires: float, token: str | None = None, txn: str |
         "token": token or uuid.uuid4().hex}
     if txn is not None:
         record["txn"] = txn
+    if where == "device":
+        from cuvil_edge.bundle.activation import boot_id
+
+        record["boot_id"] = boot_id()
     return record
+
+
+def holder_pid(holder: dict[str, Any]) -> int:
+    """The holder's pid; -1 when the record carries none or garbage."""
+    pid = holder.get("pid")
+    return pid if isinstance(pid, int) and not isinstance(pid, bool) else -1
+
+
+def other_boot(holder: dict[str, Any], this_boot: str | None) -> bool:
+    """Whether ``holder`` was written by a device-side step of an earlier boot (a power cut or a
+    reboot ended it; its pid may belong to another process now)."""
+    recorded = holder.get("boot_id")
+    return isinstance(recorded, str) and bool(recorded) and bool(this_boot) and recorded != this_boot
 
 
 def parse_record(raw: bytes | None) -> dict[str, Any] | None:

@@ -2,7 +2,10 @@
 
     python -m cuvil_edge.deploy.ondevice activate --store S --name digits --version 1.1.0 --txn T [--wait 130]
     python -m cuvil_edge.deploy.ondevice wait     --store S --name digits --txn T --timeout 30
-    python -m cuvil_edge.deploy.ondevice revert-expired --store S
+    python -m cuvil_edge.deploy.ondevice unpack --store S --name digits --version 1.1.0 --sha256 H --manifest-sha256 M
+    python -m cuvil_edge.deploy.ondevice revert-expired --store S [--reload cuvil-edged.service]
+    python -m cuvil_edge.deploy.ondevice recover --store S [--reload cuvil-edged.service]
+    python -m cuvil_edge.deploy.ondevice verify --store S --name digits
     python -m cuvil_edge.deploy.ondevice probe  --root / --store /var/lib/cuvil-edge < manifest.json
     python -m cuvil_edge.deploy.ondevice health --store /var/lib/cuvil-edge --name digits --version 1.0.0 --load
 
@@ -10,8 +13,12 @@
 (``deploy/activate.py``) detached from the SSH session (a transient systemd unit where systemd
 runs, else a new session with its own log), then, with ``--wait``, prints its outcome as JSON
 when it is recorded. ``wait`` prints the outcome of a transaction (the host calls it after a
-reconnect). ``revert-expired`` reverts pending switches past their deadline (the daemon does the
-same at start and on its tick). ``probe`` prints the device's facts, whether the bundle fits,
+reconnect). ``unpack`` extracts an upload, fsyncs it, checks every file and renames it into the
+store (``deploy/unpack.py``). ``revert-expired`` reverts pending switches past their deadline;
+``recover`` does that and quarantines versions whose files fail verification (root runs both:
+a transient timer the deploy step sets and the daemon unit's ``ExecStartPre=+``; docs/deploy.md).
+``verify`` prints what ``current`` names, whether its files match its manifest and what the state
+file says of it (healthy, pending); exit 1 unless it verifies, is healthy and nothing is pending. ``probe`` prints the device's facts, whether the bundle fits,
 what ``current`` points at, the deploy state, the device's copy of this version's manifest and
 the store paths a deploy of it touches (``paths``, from ``bundle/layout.py``: the Ansible role
 names no path itself); exit 1 when the bundle does not fit or its manifest is refused. ``health`` asks the daemon to load the model (``--load``) and
@@ -187,16 +194,83 @@ def _ack(args: argparse.Namespace) -> int:
     return 0
 
 
+def _unpack(args: argparse.Namespace) -> int:
+    from cuvil_edge._test_hooks import pause
+    from cuvil_edge.bundle.names import is_safe_component
+    from cuvil_edge.deploy.unpack import unpack_upload
+    from cuvil_edge.errors import DeployError
+
+    for flag, value in (("--name", args.name), ("--version", args.version)):
+        if not is_safe_component(value):
+            raise SystemExit(f"{flag} {value!r}: not a plain directory name")
+    for flag, value in (("--sha256", args.sha256), ("--manifest-sha256", args.manifest_sha256)):
+        if not re.fullmatch(r"[0-9a-f]{64}", value):
+            raise SystemExit(f"{flag} {value[:80]!r}: not a sha256 hex digest")
+    try:
+        out = unpack_upload(args.store, args.name, args.version, args.sha256, args.manifest_sha256, pause=pause)
+    except DeployError as exc:
+        print(json.dumps({"ok": False, "reason": str(exc)}))
+        return 1
+    print(json.dumps({"ok": True, **out}))
+    return 0
+
+
+def _reload(unit: str | None, changed: bool) -> str:
+    """Have the daemon's unit re-read the store after a revert (``systemctl reload-or-try-restart``)."""
+    if not unit or not changed or not os.path.isdir("/run/systemd/system"):
+        return ""
+    import subprocess
+
+    out = subprocess.run(["systemctl", "--no-block", "reload-or-try-restart", unit], capture_output=True, text=True,
+                         timeout=60)
+    return "" if out.returncode == 0 else f"systemctl reload-or-try-restart {unit}: {out.stderr.strip()[:200]}"
+
+
 def _revert_expired(args: argparse.Namespace) -> int:
     from cuvil_edge.bundle.activation import revert_expired
 
     done = revert_expired(args.store, by="ondevice revert-expired")
+    for d in done:
+        print(f"reverted unconfirmed switch of {d.name} {d.version}: {d.reason}", file=sys.stderr)
+    err = _reload(args.reload, bool(done))
+    if err:
+        print(err, file=sys.stderr)
     print(json.dumps([d.__dict__ for d in done]))
     return 0
 
 
+def _recover(args: argparse.Namespace) -> int:
+    from cuvil_edge.bundle.activation import recover_store
+
+    report = recover_store(args.store, by="ondevice recover")
+    for line in report.lines():
+        print(line, file=sys.stderr)
+    err = _reload(args.reload, report.changed)
+    if err:
+        print(err, file=sys.stderr)
+    print(json.dumps(report.to_dict()))
+    return 0
+
+
+def _verify(args: argparse.Namespace) -> int:
+    from cuvil_edge.bundle.activation import current_version, read_state, verify_version
+    from cuvil_edge.bundle.names import is_safe_component
+
+    if not is_safe_component(args.name):
+        raise SystemExit(f"--name {args.name!r}: not a plain directory name")
+    version = args.version or current_version(args.store, args.name)
+    state = read_state(args.store, args.name)
+    why = verify_version(args.store, args.name, version) if version else "no current version"
+    healthy = bool(((state.get("versions") or {}).get(version or "") or {}).get("healthy"))
+    out = {"name": args.name, "version": version, "files_ok": why is None, "reason": why or "",
+           "healthy": healthy, "pending": state.get("pending"), "previous": state.get("previous"),
+           "outcome": state.get("outcome"), "notes": state.get("notes") or []}
+    print(json.dumps(out))
+    return 0 if why is None and healthy and not state.get("pending") else 1
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Entry point: ``activate``, ``wait``, ``ack``, ``revert-expired``, ``probe`` or ``health``."""
+    """Entry point: ``activate``, ``wait``, ``ack``, ``unpack``, ``revert-expired``, ``recover``, ``verify``, ``probe`` or ``health``."""
     p = argparse.ArgumentParser(prog="python -m cuvil_edge.deploy.ondevice", description=__doc__.split("\n")[0])
     sub = p.add_subparsers(dest="cmd", required=True)
     ac = sub.add_parser("activate", help="switch, health gate, confirm or switch back (detached)")
@@ -232,8 +306,22 @@ def main(argv: list[str] | None = None) -> int:
     ak.add_argument("--store", default="/var/lib/cuvil-edge")
     ak.add_argument("--name", required=True)
     ak.add_argument("--txn", required=True)
+    un = sub.add_parser("unpack", help="extract an upload, fsync, verify and rename it into the store")
+    un.add_argument("--store", default="/var/lib/cuvil-edge")
+    un.add_argument("--name", required=True)
+    un.add_argument("--version", required=True)
+    un.add_argument("--sha256", required=True, help="sha256 of the uploaded .cvb (names the upload)")
+    un.add_argument("--manifest-sha256", required=True, help="sha256 of the manifest the host verified")
     rv = sub.add_parser("revert-expired", help="revert pending switches past their deadline")
     rv.add_argument("--store", default="/var/lib/cuvil-edge")
+    rv.add_argument("--reload", default=None, metavar="UNIT", help="reload this unit when something was reverted")
+    rc = sub.add_parser("recover", help="revert expired switches and quarantine versions that fail verification")
+    rc.add_argument("--store", default="/var/lib/cuvil-edge")
+    rc.add_argument("--reload", default=None, metavar="UNIT", help="reload this unit when something changed")
+    ve = sub.add_parser("verify", help="current version: files against its manifest, state file record")
+    ve.add_argument("--store", default="/var/lib/cuvil-edge")
+    ve.add_argument("--name", required=True)
+    ve.add_argument("--version", default=None, help="defaults to the version 'current' points at")
     pr = sub.add_parser("probe", help="device facts, bundle fit (manifest on stdin), store state")
     pr.add_argument("--root", default="/")
     pr.add_argument("--store", default="/var/lib/cuvil-edge")
@@ -247,8 +335,8 @@ def main(argv: list[str] | None = None) -> int:
     he.add_argument("--token", default=os.environ.get("CUVIL_EDGE_DAEMON_TOKEN"))
     he.add_argument("--load", action="store_true", help="ask the daemon to load the model first")
     args = p.parse_args(argv)
-    run = {"activate": _activate, "wait": _wait, "ack": _ack, "revert-expired": _revert_expired,
-           "probe": _probe, "health": _health}[args.cmd]
+    run = {"activate": _activate, "wait": _wait, "ack": _ack, "unpack": _unpack, "revert-expired": _revert_expired,
+           "recover": _recover, "verify": _verify, "probe": _probe, "health": _health}[args.cmd]
     return run(args)
 
 

@@ -23,7 +23,7 @@ from cuvil_edge.bundle.device_facts import (
     profile_from_model,
 )
 from cuvil_edge.bundle.manifest import Manifest
-from cuvil_edge.deploy.transport import SSHTransport
+from cuvil_edge.deploy.transport_base import Transport
 from cuvil_edge.errors import DeployError
 from cuvil_edge.targets import get_target
 
@@ -62,7 +62,7 @@ def refuse_package_only(facts: DeviceFacts, label: str = "device") -> None:
                     "upgrade the board to JetPack 6)")
 
 
-async def probe_device(tr: SSHTransport) -> DeviceFacts:
+async def probe_device(tr: Transport) -> DeviceFacts:
     """Read a device's facts over its SSH transport.
 
     Raises:

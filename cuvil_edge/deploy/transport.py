@@ -1,5 +1,8 @@
 """SSH transport to one device: asyncssh connection, SFTP file operations, fixed remote commands.
 
+:class:`SSHTransport` implements :class:`~cuvil_edge.deploy.transport_base.Transport`, the one
+interface deploy uses; ``transports.open_transport`` picks it for ``ssh`` addresses.
+
 Nothing here builds a shell string from user input. File work goes through SFTP (stat, mkdir,
 symlink, ``posix-rename@openssh.com``); the few commands that must run on the device
 (``sha256sum``, ``tar``, ``uname``, ``dpkg-query``, ``systemctl``) are fixed argument vectors
@@ -18,16 +21,24 @@ import os
 import shlex
 from collections.abc import AsyncIterator, Coroutine, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import asyncssh
 
+from cuvil_edge.deploy.transport_base import (
+    DEFAULT_STORE,
+    CommandResult,
+    DeviceAddress,
+    FileAttrs,
+    parse_address,
+)
 from cuvil_edge.errors import DeployError
 
-__all__ = ["DeviceAddress", "SSHTransport", "Unreachable", "parse_address", "run_sync"]
+# DeviceAddress, parse_address and CommandResult live in transport_base (every transport's); they are
+# re-exported here, where callers have always imported them.
+__all__ = ["DEFAULT_STORE", "CommandResult", "DeviceAddress", "SSHTransport", "Unreachable", "parse_address",
+           "run_sync"]
 
-DEFAULT_STORE = "/var/lib/cuvil-edge"
 # AES-GCM first: asyncssh builds a new ChaCha20 context per packet, AES-GCM runs in one OpenSSL
 # context (30% faster uploads here); Jetson CPUs have the ARMv8 AES instructions.
 _CIPHERS = ("aes128-gcm@openssh.com", "aes256-gcm@openssh.com", "chacha20-poly1305@openssh.com",
@@ -38,100 +49,11 @@ class Unreachable(DeployError):
     """The device could not be reached or the SSH session failed (network, auth, host key)."""
 
 
-@dataclass(frozen=True)
-class DeviceAddress:
-    """Where a device is and how to reach it.
-
-    Args:
-        host (str): host name or address.
-        port (int): SSH port. Defaults to 22.
-        user (str): login user. Defaults to the current user.
-        name (str): label in reports. Defaults to ``user@host:port``.
-        root (str): device system root: facts (``etc/nv_tegra_release``, ``proc/...``) and the
-            systemd unit directory are read below it. ``/`` on a real board. Defaults to ``/``.
-        store (str): bundle store root. Defaults to ``<root>/var/lib/cuvil-edge``.
-        daemon_port (int): the daemon's HTTP port on the device's loopback. Defaults to 8000.
-        identity (str): private key file. Defaults to asyncssh's defaults (``~/.ssh/id_*``).
-        known_hosts (str): known_hosts file; ``""`` disables host key checking (insecure).
-            Defaults to ``~/.ssh/known_hosts``.
-        python (str): the device's Python that has ``cuvil_edge`` (the daemon's); it runs the
-            device-side deploy step. Defaults to ``python3``.
-    """
-
-    host: str
-    port: int = 22
-    user: str = ""
-    name: str = ""
-    root: str = "/"
-    store: str = ""
-    daemon_port: int = 8000
-    identity: str | None = None
-    known_hosts: str | None = None
-    python: str = "python3"
-    extra: dict[str, Any] = field(default_factory=dict, compare=False)
-
-    @property
-    def label(self) -> str:
-        return self.name or f"{self.user + '@' if self.user else ''}{self.host}:{self.port}"
-
-    @property
-    def store_root(self) -> str:
-        if self.store:
-            return self.store
-        return os.path.join(self.root, DEFAULT_STORE.lstrip("/"))
-
-    def sys_path(self, rel: str) -> str:
-        """Path of ``rel`` (e.g. ``etc/nv_tegra_release``) under the device's system root."""
-        return os.path.join(self.root, rel.lstrip("/"))
-
-
-def parse_address(text: str, **defaults: Any) -> DeviceAddress:
-    """Parse ``[user@]host[:port]`` (IPv6 as ``[addr]:port``) into a :class:`DeviceAddress`.
-
-    Args:
-        text (str): the address.
-        **defaults: other DeviceAddress fields (root, store, identity, ...).
-    """
-    user = defaults.pop("user", "") or ""
-    port = int(defaults.pop("port", 22) or 22)
-    rest = text.strip()
-    if not rest:
-        raise DeployError("empty device address; use user@host[:port]")
-    if "@" in rest:
-        user, rest = rest.rsplit("@", 1)
-    if rest.startswith("["):
-        host, _, tail = rest[1:].partition("]")
-        if tail.startswith(":"):
-            port = _port(text, tail[1:])
-    elif rest.count(":") == 1:
-        host, port_text = rest.split(":")
-        port = _port(text, port_text)
-    else:
-        host = rest
-    if not host:
-        raise DeployError(f"device address '{text}' has no host; use user@host[:port]")
-    return DeviceAddress(host=host, port=port, user=user, **defaults)
-
-
-def _port(text: str, value: str) -> int:
-    try:
-        port = int(value)
-    except ValueError:
-        raise DeployError(f"device address '{text}': port '{value}' is not a number") from None
-    if not 0 < port < 65536:
-        raise DeployError(f"device address '{text}': port {port} out of range")
-    return port
-
-
-@dataclass
-class CommandResult:
-    exit_status: int
-    stdout: str
-    stderr: str
-
-
 class SSHTransport:
-    """One SSH connection to a device with an SFTP session; use as an async context manager."""
+    """One SSH connection to a device with an SFTP session; use as an async context manager.
+
+    The :class:`~cuvil_edge.deploy.transport_base.Transport` of boards reached over SSH.
+    """
 
     def __init__(self, address: DeviceAddress, connect_timeout: float = 15.0) -> None:
         self.address = address
@@ -204,14 +126,16 @@ class SSHTransport:
             raise Unreachable(f"{self.address.label}: not connected")
         return self.sftp
 
-    async def stat(self, path: str) -> asyncssh.SFTPAttrs | None:
+    async def stat(self, path: str) -> FileAttrs | None:
         """``lstat`` of ``path``, or None when it does not exist."""
         try:
-            return await self._sftp.lstat(path)
+            st = await self._sftp.lstat(path)
         except asyncssh.SFTPNoSuchFile:
             return None
         except (OSError, asyncssh.Error) as exc:
-            raise self._error("stat", path, exc) from exc
+            raise self.error("stat", path, exc) from exc
+        # SFTP file type 2 is a directory.
+        return FileAttrs(size=int(st.size or 0), is_dir=st.type == 2, mtime=float(st.mtime or 0))
 
     async def exists(self, path: str) -> bool:
         return (await self.stat(path)) is not None
@@ -220,7 +144,7 @@ class SSHTransport:
         try:
             await self._sftp.makedirs(path, exist_ok=True)
         except (OSError, asyncssh.Error) as exc:
-            raise self._error("mkdir", path, exc) from exc
+            raise self.error("mkdir", path, exc) from exc
 
     async def listdir(self, path: str) -> list[str]:
         try:
@@ -228,7 +152,7 @@ class SSHTransport:
         except asyncssh.SFTPNoSuchFile:
             return []
         except (OSError, asyncssh.Error) as exc:
-            raise self._error("list", path, exc) from exc
+            raise self.error("list", path, exc) from exc
         return sorted(n for n in names if n not in (".", ".."))
 
     async def readlink(self, path: str) -> str | None:
@@ -237,7 +161,7 @@ class SSHTransport:
         except (asyncssh.SFTPNoSuchFile, asyncssh.SFTPFailure, asyncssh.SFTPInvalidParameter):
             return None
         except (OSError, asyncssh.Error) as exc:
-            raise self._error("readlink", path, exc) from exc
+            raise self.error("readlink", path, exc) from exc
 
     async def read_bytes(self, path: str, limit: int = 64 << 20) -> bytes | None:
         """Contents of a remote file, or None when it does not exist."""
@@ -247,8 +171,8 @@ class SSHTransport:
         except asyncssh.SFTPNoSuchFile:
             return None
         except (OSError, asyncssh.Error) as exc:
-            raise self._error("read", path, exc) from exc
-        return bytes(data)
+            raise self.error("read", path, exc) from exc
+        return bytes(data) if isinstance(data, (bytes, bytearray)) else data.encode()
 
     async def write_bytes_atomic(self, path: str, data: bytes) -> None:
         """Write ``path`` through a temp file and a posix rename: readers see old or new, never half."""
@@ -260,20 +184,34 @@ class SSHTransport:
         except (OSError, asyncssh.Error) as exc:
             with contextlib.suppress(Exception):
                 await self._sftp.remove(tmp)
-            raise self._error("write", path, exc) from exc
+            raise self.error("write", path, exc) from exc
+
+    async def create_exclusive(self, path: str, data: bytes) -> bool:
+        """Create ``path`` holding ``data`` unless it exists (an exclusive SFTP open); False when it does."""
+        try:
+            f = await self._sftp.open(path, "xb")
+        except asyncssh.SFTPFailure:
+            return False
+        except (OSError, asyncssh.Error) as exc:
+            raise self.error("create", path, exc) from exc
+        try:
+            await f.write(data)
+        finally:
+            await f.close()
+        return True
 
     async def symlink(self, target: str, link: str) -> None:
         try:
             await self._sftp.symlink(target, link)
         except (OSError, asyncssh.Error) as exc:
-            raise self._error("symlink", link, exc) from exc
+            raise self.error("symlink", link, exc) from exc
 
     async def rename(self, src: str, dst: str) -> None:
         """Atomic rename replacing ``dst`` (``posix-rename@openssh.com``)."""
         try:
             await self._sftp.posix_rename(src, dst)
         except (OSError, asyncssh.Error) as exc:
-            raise self._error("rename", f"{src} -> {dst}", exc) from exc
+            raise self.error("rename", f"{src} -> {dst}", exc) from exc
 
     async def remove(self, path: str) -> None:
         try:
@@ -281,7 +219,7 @@ class SSHTransport:
         except asyncssh.SFTPNoSuchFile:
             return
         except (OSError, asyncssh.Error) as exc:
-            raise self._error("remove", path, exc) from exc
+            raise self.error("remove", path, exc) from exc
 
     async def rmtree(self, path: str) -> None:
         try:
@@ -289,13 +227,13 @@ class SSHTransport:
         except asyncssh.SFTPNoSuchFile:
             return
         except (OSError, asyncssh.Error) as exc:
-            raise self._error("remove", path, exc) from exc
+            raise self.error("remove", path, exc) from exc
 
     async def open(self, path: str, mode: str) -> asyncssh.SFTPClientFile:
         try:
             return await self._sftp.open(path, mode)
         except (OSError, asyncssh.Error) as exc:
-            raise self._error("open", path, exc) from exc
+            raise self.error("open", path, exc) from exc
 
     # -- commands ------------------------------------------------------------------------------
 
@@ -309,7 +247,7 @@ class SSHTransport:
         try:
             res = await self.conn.run(shlex.join(argv), check=False, timeout=timeout, input=input)
         except (OSError, asyncssh.Error, asyncio.TimeoutError) as exc:
-            raise self._error("run", argv[0], exc) from exc
+            raise self.error("run", argv[0], exc) from exc
         if res.exit_status is None and res.exit_signal is None:
             # The channel closed with neither an exit status nor a signal: the link dropped.
             raise Unreachable(f"{self.address.label}: run {argv[0]}: the connection closed before the command ended")
@@ -318,6 +256,21 @@ class SSHTransport:
             stdout=str(res.stdout or ""),
             stderr=str(res.stderr or ""),
         )
+
+    async def process(self, argv: list[str], merge_stderr: bool = False) -> asyncssh.SSHClientProcess:
+        """Start a fixed argument vector on the device with streamed text stdin/stdout/stderr.
+
+        Args:
+            argv (list[str]): the command (each argument quoted).
+            merge_stderr (bool): stderr joins stdout (a build log in order). Defaults to False.
+        """
+        if self.conn is None:
+            raise Unreachable(f"{self.address.label}: not connected")
+        try:
+            return await self.conn.create_process(shlex.join(argv),
+                                                  stderr=asyncssh.STDOUT if merge_stderr else asyncssh.PIPE)
+        except (OSError, asyncssh.Error) as exc:
+            raise self.error("run", argv[0], exc) from exc
 
     async def sha256(self, path: str) -> str:
         """sha256 of a file, computed on the device."""
@@ -338,7 +291,7 @@ class SSHTransport:
         try:
             listener = await self.conn.forward_local_port("127.0.0.1", 0, remote_host, remote_port)
         except (OSError, asyncssh.Error) as exc:
-            raise self._error("forward port", str(remote_port), exc) from exc
+            raise self.error("forward port", str(remote_port), exc) from exc
         try:
             yield listener.get_port()
         finally:
@@ -346,7 +299,8 @@ class SSHTransport:
             with contextlib.suppress(Exception):
                 await listener.wait_closed()
 
-    def _error(self, op: str, path: str, exc: BaseException) -> DeployError:
+    def error(self, op: str, path: str, exc: BaseException) -> DeployError:
+        """A DeployError naming the device, the operation and the path (Unreachable for a lost link)."""
         cls = Unreachable if isinstance(exc, (asyncssh.ConnectionLost, asyncssh.DisconnectError,
                                                ConnectionError, BrokenPipeError)) else DeployError
         return cls(f"{self.address.label}: {op} {path}: {_reason(exc)}")

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from cuvil_edge.deploy.transport import SSHTransport
+from cuvil_edge.deploy.transport_base import Transport
 from cuvil_edge.errors import DeployError
 
 __all__ = ["CorruptUpload", "UploadResult", "file_sha256", "upload_resumable"]
@@ -59,7 +59,7 @@ def file_sha256(path: Path, limit: int | None = None) -> str:
 
 
 async def upload_resumable(
-    tr: SSHTransport,
+    tr: Transport,
     local: Path,
     final: str,
     sha256: str,
@@ -69,7 +69,7 @@ async def upload_resumable(
     """Upload ``local`` to ``final`` on the device, resuming a partial upload; verify by sha256.
 
     Args:
-        tr (SSHTransport): connected transport.
+        tr (Transport): connected transport.
         local (Path): the file to send.
         final (str): device path of the verified file.
         sha256 (str): the local file's sha256 (hex).
@@ -125,7 +125,7 @@ async def upload_resumable(
     except DeployError:
         raise
     except Exception as exc:
-        raise tr._error("upload", part, exc) from exc
+        raise tr.error("upload", part, exc) from exc
     finally:
         try:
             await f.close()
@@ -142,11 +142,11 @@ async def upload_resumable(
     return UploadResult(sent, resumed_from, False, restarted)
 
 
-async def _truncate(tr: SSHTransport, path: str, size: int) -> None:
+async def _truncate(tr: Transport, path: str, size: int) -> None:
     f = await tr.open(path, "r+b")
     try:
         await f.truncate(size)
     except Exception as exc:
-        raise tr._error("truncate", path, exc) from exc
+        raise tr.error("truncate", path, exc) from exc
     finally:
         await f.close()

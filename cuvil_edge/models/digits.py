@@ -23,11 +23,11 @@ TRAIN_SAMPLES = 1200
 
 def load_digits_data() -> tuple[np.ndarray, np.ndarray]:
     """Digits as float32 ``[N,1,8,8]`` in 0..1 and int labels."""
-    try:
-        from sklearn.datasets import load_digits
-    except ImportError as exc:
-        raise ModelError("the digits model needs scikit-learn: pip install scikit-learn") from exc
-    d = load_digits()
+    from cuvil_edge._optional import optional_import
+
+    datasets = optional_import("sklearn.datasets", needed_for="the digits model",
+                               install="pip install scikit-learn", error=ModelError)
+    d = datasets.load_digits()
     return (d.images / 16.0).astype(np.float32)[:, None], d.target.astype(np.int64)
 
 

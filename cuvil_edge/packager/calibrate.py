@@ -39,6 +39,11 @@ HISTOGRAM_CAP = 1 << 20
 # (TensorRT form, pure INT8) 99.99 gave top-5 containment 0.996 and mean KL 0.036, 99.999 0.994 and
 # 0.038, 99.995 0.996 and 0.036, 99.9 0.990 and 0.24 (it clips real activations); mse 0.990.
 DEFAULT_PERCENTILE = 99.99
+# A Concat whose inputs' ranges differ by more than this stays in float (``mixed_range_nodes``): the
+# narrowest input would get under 127/16 ~ 8 steps of the shared scale (3 bits). A YOLOv8n head's
+# last Concat measured 320 (boxes 0-320, scores 0-1) and lost every detection at INT8; its other
+# Concats (feature maps of one block) stay within 4.
+RANGE_SPLIT_RATIO = 16.0
 # Entropy (KL) calibration works on ONNX Runtime's default of 128 bins (more clipped ReLU6 outputs).
 ENTROPY_BINS = 128
 ENTROPY_QUANTIZED_BINS = 128
@@ -185,13 +190,20 @@ class RangeCollector:
                ) -> dict[str, tuple[float, float]]:
         return {name: s.range(method, symmetric, percentile) for name, s in self.stats.items()}
 
-    def tensors_data(self, method: str, symmetric: bool, percentile: float = DEFAULT_PERCENTILE) -> Any:
-        """The ranges as ONNX Runtime's ``TensorsData`` (what its calibration cache holds)."""
+    def tensors_data(self, method: str, symmetric: bool, percentile: float = DEFAULT_PERCENTILE,
+                     unclipped: set[str] | frozenset[str] = frozenset()) -> Any:
+        """The ranges as ONNX Runtime's ``TensorsData`` (what its calibration cache holds).
+
+        ``unclipped`` tensors take their full (min/max) range whatever the method: values a graph
+        output carries as they are (``output_tensors``), where the rare large value is the signal.
+        """
         from onnxruntime.quantization.calibrate import CalibrationMethod, TensorData, TensorsData
 
         check_method(method)
+        ranges = self.ranges(method, symmetric, percentile)
+        full = self.ranges("minmax", symmetric, percentile)
         data = {name: TensorData(lowest=np.float32(lo), highest=np.float32(hi))
-                for name, (lo, hi) in self.ranges(method, symmetric, percentile).items()}
+                for name, (lo, hi) in ((n, full[n] if n in unclipped else r) for n, r in ranges.items())}
         return TensorsData(getattr(CalibrationMethod, ORT_CACHE_METHOD[method]), data)
 
 
@@ -271,3 +283,65 @@ def collect_ranges(model: onnx.ModelProto, data: Dataset, batch: int = 8,
     if on_batch is not None:
         on_batch(total, total)
     return collector
+
+
+# Ops that move values without computing new ones: a tensor that reaches a graph output through
+# these alone is what the output carries.
+_MOVES = ("Concat", "Reshape", "Transpose", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Split", "Slice",
+          "Gather", "Expand")
+
+
+def output_tensors(model: onnx.ModelProto) -> set[str]:
+    """Tensors whose values reach a graph output unchanged (through Concat, Reshape, Transpose...).
+
+    Percentile calibration clips the rare large values of a tensor; for a detector's class scores
+    the rare large values are the detections (YOLOv8n's scores: 99.99th percentile 0.10, so every
+    score above 0.25 clipped below the threshold). These tensors are calibrated min/max.
+    """
+    producers = {o: n for n in model.graph.node for o in n.output}
+    found: set[str] = set()
+    todo = [o.name for o in model.graph.output]
+    while todo:
+        name = todo.pop()
+        if name in found:
+            continue
+        found.add(name)
+        node = producers.get(name)
+        if node is not None and node.op_type in _MOVES:
+            todo.extend(node.input[:1] if node.op_type not in ("Concat",) else node.input)
+    return found
+
+
+def mixed_range_nodes(model: onnx.ModelProto, collector: RangeCollector, method: str, symmetric: bool,
+                      ratio: float = RANGE_SPLIT_RATIO, percentile: float = DEFAULT_PERCENTILE
+                      ) -> list[dict[str, Any]]:
+    """Concat nodes whose inputs have calibrated ranges more than ``ratio`` apart, measured.
+
+    A quantized Concat puts all its inputs under one scale (TensorRT fuses it only so; ONNX
+    Runtime's QDQ form quantizes its output per tensor): a YOLOv8 head's last Concat joins box
+    coordinates (0-320) and class scores (0-1), so a score gets 127/320 of a step and every one
+    rounds to 0. Each input's own range (as the calibration method clips it) is compared with the
+    widest one; the node is kept in float when the narrowest input would get fewer than
+    127 / ``ratio`` steps. The inputs keep their own Q/DQ (each its own scale).
+
+    Returns:
+        list[dict]: per node kept in float, its name, the input ranges and the levels the
+        narrowest would have had under the shared scale.
+    """
+    ranges = collector.ranges(method, symmetric, percentile)
+    found = []
+    for node in model.graph.node:
+        if node.op_type != "Concat" or not node.name:
+            continue
+        peaks = {i: max(abs(ranges[i][0]), abs(ranges[i][1])) for i in node.input if i in ranges}
+        if len(peaks) < 2:
+            continue
+        wide, narrow = max(peaks.values()), min(peaks.values())
+        if narrow <= 0 or wide / narrow <= ratio:
+            continue
+        levels = 127.0 * narrow / wide
+        found.append({"node": node.name, "input_peaks": {k: float(v) for k, v in peaks.items()},
+                      "ratio": float(wide / narrow), "levels_under_shared_scale": float(levels),
+                      "why": f"inputs span {narrow:.3g} to {wide:.3g}: under one scale the narrowest gets "
+                             f"{levels:.1f} of 127 steps"})
+    return found

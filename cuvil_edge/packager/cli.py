@@ -19,6 +19,7 @@ import typer
 from rich.table import Table
 
 from cuvil_edge._console import console, id_column, print_table
+from cuvil_edge._device_options import DeviceSelection, device_options
 from cuvil_edge.recipes import QUANTIZERS, TASK_KINDS, choices
 
 __all__ = ["engine_app", "inspect_cmd", "register"]
@@ -30,9 +31,14 @@ _QUANTIZER_HELP = "; ".join(f"{name}: {what}" for name, what in QUANTIZERS.items
 def _recipe(
     model: str | None, recipe_path: Path | None, target: str | None, precision: str | None,
     calib: str | None, eval_data: str | None, name: str | None, version: str | None,
+    input_shapes: list[str] | None = None, preprocess: str | None = None, exclude: list[str] | None = None,
+    batch_axes: list[str] | None = None,
 ) -> Any:
+    """The recipe a command runs: ``--recipe`` (or one made from MODEL and ``--target``), then every
+    flag given on top of it, each checked as the recipe field it stands for."""
     from cuvil_edge.errors import RecipeError
-    from cuvil_edge.recipes import load_recipe, recipe_from_dict
+    from cuvil_edge.packager.package import bundle_name
+    from cuvil_edge.recipes import input_shape_from_text, load_recipe, preprocess_from_text, recipe_from_dict
 
     if recipe_path is not None:
         recipe = load_recipe(recipe_path)
@@ -44,7 +50,7 @@ def _recipe(
         if not target:
             raise RecipeError("--target is required without --recipe (see: cuvil-edge targets)")
         recipe = recipe_from_dict(
-            {"name": name or Path(model).stem, "model": {"source": str(Path(model).resolve())
+            {"name": name or bundle_name(model), "model": {"source": str(Path(model).resolve())
                                                         if not model.startswith("builtin:") else model},
              "target": {"board": target, "precision": precision or "fp32"}},
             "command line",
@@ -67,6 +73,18 @@ def _recipe(
         recipe.name = name
     if version:
         recipe.version = version
+    for text in input_shapes or []:
+        key, shape = input_shape_from_text(text)
+        recipe.input_shapes[key] = shape
+    if preprocess:
+        recipe.preprocess = preprocess_from_text(preprocess)
+    for text in exclude or []:
+        recipe.exclude.extend(p.strip() for p in text.split(",") if p.strip())
+    for text in batch_axes or []:
+        key, sep, axis = text.rpartition(":")
+        if not sep or not key or not (axis == "none" or axis.isdigit()):
+            raise RecipeError(f"--batch-axis '{text}': write NAME:AXIS (an axis number) or NAME:none")
+        recipe.batch_axes[key] = None if axis == "none" else int(axis)
     from cuvil_edge.bundle.names import check_component
 
     check_component("name", recipe.name, RecipeError)
@@ -107,6 +125,16 @@ def package_cmd(
     version: str = typer.Option(None, "--version", help="Bundle version. Defaults to the recipe's or 1.0.0."),
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
     quantizer: str = typer.Option("cuvil", "--quantizer", help=_QUANTIZER_HELP),
+    input_shape: list[str] = typer.Option(None, "--input-shape", help="NAME:1x3x320x320 or NAME:MIN,OPT,MAX: sizes "
+                                          "of dynamic dimensions (TensorRT profile), as [input] shapes (repeat)."),
+    batch_axis: list[str] = typer.Option(None, "--batch-axis", help="NAME:AXIS or NAME:none: an input's batch "
+                                         "axis when not the first, as [input] batch_axes (repeat)."),
+    preprocess: str = typer.Option(None, "--preprocess", help="image:HxW[,letterbox][,rgb|bgr][,nchw|nhwc]"
+                                   "[,scale=1/255][,mean=R/G/B][,std=R/G/B], as [preprocess]."),
+    exclude: list[str] = typer.Option(None, "--exclude", help="Node-name or op-type patterns kept in float "
+                                      "(fnmatch; comma-separated or repeated), as [quantization] exclude."),
+    report: Path = typer.Option(None, "--report", help="Also write the full report (JSON) here; written even "
+                                "when the accuracy goal is missed."),
     kind: str = typer.Option(None, "--kind", help=f"The model's task: {choices(TASK_KINDS)} "
                              "(default: the recipe's postprocess kind, else inferred from the outputs)."),
 ) -> None:
@@ -115,7 +143,10 @@ def package_cmd(
 
     started = time.perf_counter()
     _check_out(out)
-    rec = _recipe(model, recipe, target, precision, calib, eval_data, name, version)
+    if report is not None:
+        _check_out(report, "--report")
+    rec = _recipe(model, recipe, target, precision, calib, eval_data, name, version, input_shape, preprocess,
+                  exclude, batch_axis)
     if kind:
         from cuvil_edge.recipes import check_postprocess
 
@@ -124,7 +155,7 @@ def package_cmd(
     from cuvil_edge._progress import packaging_progress
 
     with packaging_progress(console) as (say, bar):
-        result = package(rec, out, key, progress=say, bar=bar, quantizer=quantizer)
+        result = package(rec, out, key, progress=say, bar=bar, quantizer=quantizer, report_path=report)
     if as_json:
         print(json.dumps(result.report, indent=2, default=float))
         return
@@ -154,26 +185,32 @@ def quantize_cmd(
     calib: str = typer.Option(None, "--calib", help="Calibration data."),
     recipe: Path = typer.Option(None, "--recipe", help="Recipe for pre-processing and the accuracy goal."),
     quantizer: str = typer.Option("cuvil", "--quantizer", help=_QUANTIZER_HELP),
+    batch_axis: list[str] = typer.Option(None, "--batch-axis", help="NAME:AXIS or NAME:none (repeat)."),
+    preprocess: str = typer.Option(None, "--preprocess", help="image:HxW[,letterbox][,rgb|bgr][,scale=1/255]..."),
+    exclude: list[str] = typer.Option(None, "--exclude", help="Node-name or op-type patterns kept in float."),
 ) -> None:
     """Quantize only: write the model in the target runtime's format, without validation or bundle."""
     from cuvil_edge._atomic import atomic_write_bytes
     from cuvil_edge._progress import packaging_progress
-    from cuvil_edge.packager.data import load_dataset
+    from cuvil_edge.packager.data import assumed_image_preprocess, holds_images, load_dataset, with_batch_axes
     from cuvil_edge.packager.load import load_model, model_inputs
     from cuvil_edge.packager.package import quantize_model, resolve_model
     from cuvil_edge.targets import get_target
 
     _check_out(out)
-    rec = _recipe(model, recipe, target, precision, calib, None, None, None)
+    rec = _recipe(model, recipe, target, precision, calib, None, None, None, None, preprocess, exclude, batch_axis)
     m = load_model(resolve_model(rec.model))
-    inputs = model_inputs(m)
+    inputs = with_batch_axes(model_inputs(m), rec.batch_axes)
+    if rec.preprocess.get("kind") != "image" and holds_images(rec.calibration_data):
+        rec.preprocess = assumed_image_preprocess(inputs) or rec.preprocess
     cal = None
     if rec.calibration_data:
         cal = load_dataset(rec.calibration_data, inputs, rec.preprocess, rec.calibration_samples)
     kind = rec.postprocess.get("kind", "classification")
     with packaging_progress(console) as (say, bar):
         q, info = quantize_model(m, get_target(rec.target), rec.precision, cal, kind, rec.accuracy,
-                                 rec.calibration_method, None, say, bar, rec.bias_correction, quantizer=quantizer)
+                                 rec.calibration_method, None, say, bar, rec.bias_correction, quantizer=quantizer,
+                                 exclude=rec.exclude)
     atomic_write_bytes(out, q.SerializeToString())
     console.print(f"[green]PASSED[/] wrote {out} ({info['runtime_format']} format)")
 
@@ -187,7 +224,7 @@ def validate_cmd(
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
     """Compare a quantized model with its original; exit 1 when the recipe's accuracy goal is missed."""
-    from cuvil_edge.packager.data import load_dataset
+    from cuvil_edge.packager.data import load_dataset, with_batch_axes
     from cuvil_edge.packager.load import load_model, model_inputs
     from cuvil_edge.packager.package import resolve_model
     from cuvil_edge.packager.quantize import target_arithmetic
@@ -198,7 +235,8 @@ def validate_cmd(
     ref = load_model(resolve_model(reference))
     cand = load_model(candidate)
     pre = rec.preprocess if rec else {"kind": "none"}
-    data = load_dataset(eval_data, model_inputs(ref), pre, samples, seed=100)
+    data = load_dataset(eval_data, with_batch_axes(model_inputs(ref), rec.batch_axes if rec else None), pre,
+                        samples, seed=100)
     kind = rec.postprocess.get("kind", "classification") if rec else "classification"
     # The candidate as the target computes it (exact Q/DQ emulation), not through this host's INT8 kernels.
     report = validate_models(make_session(ref), make_session(target_arithmetic(cand)), data, kind,
@@ -287,13 +325,74 @@ def inspect_cli(
     max_batch: int = typer.Option(8, "--max-batch", help="Largest batch, for optimization profiles."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
     only_issues: bool = typer.Option(False, "--only-issues", help="List only nodes that fall back."),
+    sensitivity: bool = typer.Option(False, "--sensitivity", help="Also measure each layer group's INT8 "
+                                     "sensitivity on --calib data (the mixed search's ranking)."),
+    calib: str = typer.Option(None, "--calib", help="With --sensitivity: calibration data (images, .npy/.npz)."),
+    preprocess: str = typer.Option(None, "--preprocess", help="With --sensitivity: image:HxW[,letterbox][,...]."),
+    batch_axis: list[str] = typer.Option(None, "--batch-axis", help="With --sensitivity: NAME:AXIS or NAME:none."),
+    kind: str = typer.Option("none", "--kind", help="With --sensitivity: classification ranks by mean KL, "
+                             "anything else by 1 - cosine."),
+    samples: int = typer.Option(64, "--samples", help="With --sensitivity: calibration samples to use."),
+    top: int = typer.Option(0, "--top", help="With --sensitivity: rows to print (0: all)."),
 ) -> None:
-    """Which ops the target's TensorRT versions and DLA run, why others fall back, and the profiles needed."""
+    """Which ops the target's TensorRT versions and DLA run, why others fall back, and the profiles needed.
+
+    With --sensitivity: a table of layer groups by the error each causes when it alone is INT8
+    (and, on TensorRT boards, in FP16 alone), measured as the board computes.
+    """
     from cuvil_edge.packager.package import resolve_model
 
-    rc = inspect_cmd(resolve_model(model), target, max_batch=max_batch, as_json=as_json, only_issues=only_issues)
+    path = resolve_model(model)
+    rc = inspect_cmd(path, target, max_batch=max_batch, as_json=as_json and not sensitivity, only_issues=only_issues)
+    if sensitivity:
+        _sensitivity_table(str(path), target, calib, preprocess, batch_axis, kind, samples, top, as_json)
     if rc:
         raise typer.Exit(rc)
+
+
+def _sensitivity_table(model: str, target: str, calib: str | None, preprocess: str | None,
+                       batch_axis: list[str] | None, kind: str, samples: int, top: int, as_json: bool) -> None:
+    """``inspect --sensitivity``: load the data as ``package`` would, rank, print a rich table."""
+    from cuvil_edge._progress import packaging_progress
+    from cuvil_edge.errors import RecipeError
+    from cuvil_edge.packager.data import assumed_image_preprocess, holds_images, load_dataset, with_batch_axes
+    from cuvil_edge.packager.load import load_model, model_inputs
+    from cuvil_edge.packager.sensitivity import layer_sensitivity
+    from cuvil_edge.targets import get_target
+
+    if not calib:
+        raise RecipeError("--sensitivity needs --calib DATA (images or .npy/.npz samples)")
+    rec = _recipe(model, None, target, "int8", calib, None, None, None, None, preprocess, None, batch_axis)
+    proto = load_model(Path(model))
+    inputs = with_batch_axes(model_inputs(proto), rec.batch_axes)
+    if rec.preprocess.get("kind") != "image" and holds_images(rec.calibration_data):
+        rec.preprocess = assumed_image_preprocess(inputs) or rec.preprocess
+    data = load_dataset(rec.calibration_data, inputs, rec.preprocess, samples)
+    tgt = get_target(target)
+    with packaging_progress(console) as (say, bar):
+        rows = layer_sensitivity(proto, tgt, data, kind, progress=say, bar=bar)
+    shown = rows[:top] if top > 0 else rows
+    if as_json:
+        print(json.dumps([r.to_dict() for r in shown], indent=2))
+        return
+    metric = "mean KL" if kind == "classification" else "1 - cosine"
+    table = Table(title=f"INT8 sensitivity on {tgt.name}: {metric} vs FP32 with only this group quantized "
+                        f"({len(data)} samples)")
+    table.add_column("#", justify="right")
+    id_column(table, "group")
+    table.add_column("nodes", justify="right")
+    table.add_column("ops")
+    table.add_column("INT8 alone", justify="right")
+    if tgt.runtime_format == "tensorrt":
+        table.add_column("FP16 alone", justify="right")
+    for i, r in enumerate(shown, 1):
+        cells = [str(i), r.group, str(len(r.nodes)), ",".join(r.op_types), f"{r.int8_error:.3g}"]
+        if tgt.runtime_format == "tensorrt":
+            cells.append("-" if r.fp16_error is None else f"{r.fp16_error:.3g}")
+        table.add_row(*cells)
+    print_table(table, console)
+    console.print("keep a group in float with --exclude 'GROUP*' (or \\[quantization] exclude), or let "
+                  "--precision mixed choose", markup=True)
 
 
 # ------------------------------------------------------------------------------------ engine
@@ -346,28 +445,20 @@ def plan_cmd(
 
 
 @engine_app.command("build")
+@device_options(leave_out=("no_host_key_check", "device_python"), to_flag="--on",
+                to_help="Build for this device, \\[user@]host\\[:port] (repeat: the first of a key builds, the "
+                        "others get the cached engine). Without --on, --store and --root are this machine's.")
 def build_cmd(
     bundle: Path = typer.Argument(None, help="With --on: the bundle (.cvb) whose engine to build."),
-    on: list[str] = typer.Option(None, "--on", help="Build for this device, \\[user@]host\\[:port] (repeat: the "
-                                 "first of a key builds, the others get the cached engine)."),
-    inventory: Path = typer.Option(None, "--inventory", help="With a bundle: TOML inventory of devices (as for "
-                                   "cuvil-edge deploy)."),
+    devices: DeviceSelection = DeviceSelection(),
     plan: Path = typer.Option(None, "--plan", help="On the device: build plan JSON (engine/plan-trt<ver>.json)."),
     onnx: Path = typer.Option(None, "--onnx", help="On the device: the ONNX model the plan was made for."),
     out: Path = typer.Option(None, "--out", help="On the device: write the engine here (instead of --store)."),
-    store: str = typer.Option(None, "--store", help="Bundle store: the engine goes to <store>/engines/<key>/. "
-                              "With --on: the device's store."),
-    root: str = typer.Option(None, "--root", help="Device system root whose facts give the engine key. "
-                             "Defaults to /."),
     builder: str = typer.Option(None, "--builder", help="tensorrt (default) or standin: the STAND-IN builder for "
                                 "machines without TensorRT (tests; never a real engine)."),
     timing_cache: Path = typer.Option(None, "--timing-cache", help="With --out: timing cache to read and update."),
     pub: Path = typer.Option(None, "--pub", help="With --on: public key the bundle's signature must verify with."),
     allow_unsigned: bool = typer.Option(False, "--allow-unsigned", help="With --on: skip the signature check."),
-    identity: Path = typer.Option(None, "--identity", "-i", help="SSH private key."),
-    known_hosts: Path = typer.Option(None, "--known-hosts", help="known_hosts file."),
-    daemon_port: int = typer.Option(None, "--daemon-port", help="Daemon port on the device (reload after the "
-                                    "build). Defaults to 8000."),
     device_cli: str = typer.Option("cuvil-edge", "--device-cli", help="How to run cuvil-edge on the device."),
     dla_core: int = typer.Option(-1, "--dla-core", help="Build for this DLA core (-1: the GPU)."),
     rebuild: bool = typer.Option(False, "--rebuild", help="Build on the device even when an engine is cached."),
@@ -382,15 +473,15 @@ def build_cmd(
     the device side: --plan and --onnx, into --store (or --out); needs TensorRT (the jetson extra).
     """
     start = time.monotonic()
-    if on or inventory is not None:
+    store, root = devices.store, devices.root
+    if devices.to or devices.inventory is not None:
         from cuvil_edge.errors import ModelError
 
         if _build_on_devices is None:
             raise ModelError("engine build --on needs deploy's host side; run it as cuvil-edge engine build --on")
-        _build_on_devices(bundle, on or [], inventory=inventory, pub=pub, allow_unsigned=allow_unsigned, identity=identity,
-                         known_hosts=known_hosts, root=root, store=store, daemon_port=daemon_port,
-                         device_cli=device_cli, builder=builder, dla_core=None if dla_core < 0 else dla_core,
-                         rebuild=rebuild, as_json=as_json)
+        _build_on_devices(bundle, devices, pub=pub, allow_unsigned=allow_unsigned, device_cli=device_cli,
+                          builder=builder, dla_core=None if dla_core < 0 else dla_core, rebuild=rebuild,
+                          as_json=as_json)
         return
     from cuvil_edge.errors import ModelError
 

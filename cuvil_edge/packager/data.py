@@ -8,8 +8,8 @@ image) and scikit-learn's digits (first 1200 for calibration, the rest, with lab
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +18,7 @@ import numpy as np
 from cuvil_edge.errors import DataError
 from cuvil_edge.packager.imaging import as_rgb_uint8, preprocess_image
 
-__all__ = ["Dataset", "InputSpec", "load_dataset", "load_photo", "photo_crops", "PHOTOS_CALIBRATION", "PHOTOS_EVALUATION"]
+__all__ = ["Dataset", "InputSpec", "assumed_image_preprocess", "holds_images", "load_dataset", "with_batch_axes", "load_photo", "photo_crops", "PHOTOS_CALIBRATION", "PHOTOS_EVALUATION"]
 
 _IMAGE_EXT = {".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff", ".webp"}
 PHOTOS_CALIBRATION = ("chelsea", "rocket", "hubble_deep_field", "retina", "sk:china", "camera", "coins", "brick", "grass")
@@ -27,11 +27,64 @@ PHOTOS_EVALUATION = ("astronaut", "coffee", "immunohistochemistry", "sk:flower",
 
 @dataclass(frozen=True)
 class InputSpec:
-    """A model input: name, element type and shape (str or -1 for dynamic dimensions)."""
+    """A model input: name, element type, shape (str or -1 for dynamic dimensions) and batch axis.
+
+    ``batch_axis`` is the axis samples stack along: 0 for most inputs, 1 for a recurrent state laid
+    out ``[layers, batch, hidden]``, ``None`` for an input without one (a scalar sample rate, a
+    flag): such an input takes one value per run, shared by every sample of a batch.
+    """
 
     name: str
     dtype: str
     shape: tuple[int | str, ...]
+    batch_axis: int | None = 0
+
+    @property
+    def sample_shape(self) -> tuple[int | str, ...]:
+        """The shape of one sample: the input's shape without its batch axis."""
+        if self.batch_axis is None:
+            return self.shape
+        return self.shape[: self.batch_axis] + self.shape[self.batch_axis + 1 :]
+
+
+def _dynamic(dim: int | str) -> bool:
+    return not isinstance(dim, int) or dim <= 0
+
+
+def with_batch_axes(inputs: list[InputSpec], declared: Mapping[str, int | None] | None = None) -> list[InputSpec]:
+    """The inputs with their batch axes: as ``declared`` (the recipe's ``[input] batch_axes``), else detected.
+
+    Detection: a scalar has none; axis 0 when it is dynamic or 1; else the axis named like another
+    input's batch dimension (``state [2, batch, 128]`` beside ``input [batch, 512]``); else the
+    first dynamic or size-1 axis (``[2, ?, 128]``); else 0.
+
+    Raises:
+        DataError: a declared axis outside the input's rank, or a declared input the model lacks.
+    """
+    declared = dict(declared or {})
+    unknown = sorted(set(declared) - {s.name for s in inputs})
+    if unknown:
+        raise DataError(f"[input] batch_axes: '{unknown[0]}' is not an input of the model "
+                        f"(inputs: {', '.join(s.name for s in inputs)})")
+    batch_names = {s.shape[0] for s in inputs if s.shape and isinstance(s.shape[0], str) and s.shape[0]}
+    out = []
+    for s in inputs:
+        axis: int | None
+        if s.name in declared:
+            axis = declared[s.name]
+            if axis is not None and not 0 <= axis < len(s.shape):
+                raise DataError(f"[input] batch_axes: input '{s.name}' has rank {len(s.shape)}; "
+                                f"batch axis {axis} does not exist")
+        elif not s.shape:
+            axis = None
+        elif _dynamic(s.shape[0]) or s.shape[0] == 1:
+            axis = 0
+        else:
+            named = [i for i, d in enumerate(s.shape) if isinstance(d, str) and d in batch_names]
+            loose = [i for i, d in enumerate(s.shape) if _dynamic(d) or d == 1]
+            axis = named[0] if named else (loose[0] if loose else 0)
+        out.append(replace(s, batch_axis=axis))
+    return out
 
 
 @dataclass
@@ -47,6 +100,9 @@ class Dataset:
     inputs: dict[str, np.ndarray | list[np.ndarray]]
     labels: np.ndarray | None
     source: str
+    # Per input, the model's batch axis (absent: 0). Samples are stored with it moved to the front;
+    # None: the input has none, one value per sample is stored and a feed carries it as it is.
+    batch_axes: dict[str, int | None] = field(default_factory=dict)
 
     def __len__(self) -> int:
         return len(next(iter(self.inputs.values())))
@@ -58,17 +114,26 @@ class Dataset:
 
     def slice(self, start: int, stop: int) -> Dataset:
         labels = None if self.labels is None else self.labels[start:stop]
-        return Dataset({k: v[start:stop] for k, v in self.inputs.items()}, labels, self.source)
+        return Dataset({k: v[start:stop] for k, v in self.inputs.items()}, labels, self.source, dict(self.batch_axes))
+
+    def _feed(self, name: str, stacked: np.ndarray) -> np.ndarray:
+        """Samples stacked along axis 0 as the model takes them: the batch axis in its place."""
+        axis = self.batch_axes.get(name, 0)
+        if axis is None:
+            return np.array(stacked[0])  # a 0-d array, not a numpy scalar: ONNX Runtime takes arrays only
+        return np.moveaxis(stacked, 0, axis) if axis else stacked
 
     def batches(self, max_batch: int) -> Iterator[tuple[int, int, dict[str, np.ndarray]]]:
         """``(start, stop, feed)`` over the samples in order: at most ``max_batch`` samples a feed,
-        and only consecutive samples of one shape stacked together."""
+        only consecutive samples of one shape stacked together, and, for inputs without a batch
+        axis, only samples that share its value."""
         n = len(self)
         max_batch = max(1, max_batch)
-        if not self.ragged:
+        unbatched = [k for k, a in self.batch_axes.items() if a is None and k in self.inputs]
+        if not self.ragged and not unbatched:
             for start in range(0, n, max_batch):
                 stop = min(n, start + max_batch)
-                yield start, stop, {k: v[start:stop] for k, v in self.inputs.items()}  # type: ignore[misc]
+                yield start, stop, {k: self._feed(k, v[start:stop]) for k, v in self.inputs.items()}  # type: ignore[arg-type]
             return
 
         def sample(i: int) -> dict[str, np.ndarray]:
@@ -84,9 +149,11 @@ class Dataset:
                 nxt = sample(stop)
                 if any(a.shape != shapes[k] for k, a in nxt.items()):
                     break
+                if any(not np.array_equal(nxt[k], first[k]) for k in unbatched):
+                    break
                 parts.append(nxt)
                 stop += 1
-            yield start, stop, {k: np.concatenate([p[k] for p in parts]) for k in first}
+            yield start, stop, {k: self._feed(k, np.concatenate([p[k] for p in parts])) for k in first}
             start = stop
 
 
@@ -124,17 +191,35 @@ def photo_crops(names: tuple[str, ...], count: int, spec: dict[str, Any], seed: 
 
 
 def _check_shape(arr: np.ndarray, spec: InputSpec, where: str) -> np.ndarray:
-    want = spec.shape[1:]
-    if arr.ndim == len(spec.shape) - 1:
-        arr = arr[None]
-    if arr.ndim != len(spec.shape):
-        raise DataError(f"{where}: sample has shape {list(arr.shape)}, model input '{spec.name}' expects {list(spec.shape)}")
-    for got, exp in zip(arr.shape[1:], want, strict=True):
+    """Samples of ``spec`` as stored in a Dataset: stacked along axis 0 (the batch axis moved there).
+
+    Accepts one sample without its batch axis, or samples in the model's layout (batch axis where
+    the model has it); an input without a batch axis takes one value, or one per sample stacked
+    on a new first axis.
+    """
+    rank = len(spec.shape)
+    arr = np.asarray(arr)
+    bad = (f"{where}: sample has shape {list(arr.shape)}, model input '{spec.name}' expects "
+           f"{list(spec.shape)}" + (f" (batch axis {spec.batch_axis})" if spec.batch_axis else ""))
+    if spec.batch_axis is None or rank == 0:  # a scalar input has no batch axis, whatever it says
+        if arr.ndim == rank:
+            arr = arr[None]
+        if arr.ndim != rank + 1:
+            raise DataError(bad)
+    else:
+        if arr.ndim == rank - 1:
+            arr = np.expand_dims(arr, spec.batch_axis)
+        if arr.ndim != rank:
+            raise DataError(bad)
+        if spec.batch_axis:
+            arr = np.moveaxis(arr, spec.batch_axis, 0)
+    for got, exp in zip(arr.shape[1:], spec.sample_shape, strict=True):
         if isinstance(exp, int) and exp > 0 and got != exp:
-            raise DataError(
-                f"{where}: sample has shape {list(arr.shape)}, model input '{spec.name}' expects {list(spec.shape)}"
-            )
-    return arr.astype(spec.dtype, copy=False)
+            raise DataError(bad)
+    try:
+        return arr.astype(spec.dtype, copy=False)
+    except (TypeError, ValueError) as exc:
+        raise DataError(f"{where}: input '{spec.name}' needs {spec.dtype} values ({exc})") from None
 
 
 def _check_npy_header(path: Path) -> None:
@@ -230,11 +315,20 @@ def _load_files(path: Path, files: list[Path], inputs: list[InputSpec], spec: di
             continue
         with loaded:
             keys = set(loaded.files)
+            got: dict[str, np.ndarray] = {}
             for spec_in in inputs:
                 key = spec_in.name if spec_in.name in keys else (loaded.files[0] if len(inputs) == 1 else None)
                 if key is None or key not in keys:
                     raise DataError(f"{p}: no array named '{spec_in.name}' (has: {', '.join(sorted(keys))})")
-                batches[spec_in.name].append(_check_shape(_npz_member(loaded, key, p), spec_in, str(p)))
+                got[spec_in.name] = _check_shape(_npz_member(loaded, key, p), spec_in, str(p))
+            count = max(len(a) for a in got.values())
+            for spec_in in inputs:
+                arr = got[spec_in.name]
+                if spec_in.batch_axis is None and len(arr) == 1 and count > 1:
+                    arr = np.repeat(arr, count, axis=0)  # one value for every sample of the file
+                elif len(arr) != count:
+                    raise DataError(f"{p}: '{spec_in.name}' holds {len(arr)} sample(s), other inputs {count}")
+                batches[spec_in.name].append(arr)
             if "labels" in keys:
                 labels.append(np.asarray(_npz_member(loaded, "labels", p)).reshape(-1))
     arrays = {k: _join(v, samples) for k, v in batches.items()}
@@ -242,7 +336,7 @@ def _load_files(path: Path, files: list[Path], inputs: list[InputSpec], spec: di
     if len(counts) != 1:
         raise DataError(f"{path}: inputs have different sample counts")
     label_arr = np.concatenate(labels)[:samples] if labels else None
-    return Dataset(arrays, label_arr, str(path))
+    return Dataset(arrays, label_arr, str(path), {i.name: i.batch_axis for i in inputs})
 
 
 def _join(parts: list[np.ndarray], samples: int) -> np.ndarray | list[np.ndarray]:
@@ -275,6 +369,7 @@ def load_dataset(
         for s in inputs:
             if s.name in ds.inputs:
                 ds.inputs[s.name] = _check_shape(ds.inputs[s.name], s, spec)
+        ds.batch_axes = {i.name: i.batch_axis for i in inputs}
         return ds
     path = Path(spec)
     if not path.exists():
@@ -297,3 +392,28 @@ def _digits(inputs: list[InputSpec], start: int, stop: int | None, samples: int,
     x, y = load_digits_data()
     x, y = x[start:stop][:samples], y[start:stop][:samples]
     return Dataset({inputs[0].name: x}, y, spec)
+
+
+def holds_images(spec: str) -> bool:
+    """True when ``spec`` is an image file or a folder holding images (not tensors only)."""
+    if not spec or spec.startswith("builtin:"):
+        return False
+    path = Path(spec)
+    if path.is_file():
+        return path.suffix.lower() in _IMAGE_EXT
+    return path.is_dir() and any(p.suffix.lower() in _IMAGE_EXT for p in path.iterdir() if p.is_file())
+
+
+def assumed_image_preprocess(inputs: list[InputSpec]) -> dict[str, Any] | None:
+    """The pre-processing assumed for images when nobody gave one: the model's one image input at its
+    own size, RGB, pixels scaled to 0..1 (``/255``, as YOLO-family and most exported detectors take
+    them). None when the model has no such input (several inputs, no 3 channels, dynamic H/W)."""
+    if len(inputs) != 1 or len(inputs[0].shape) != 4:
+        return None
+    shape = inputs[0].shape
+    for layout, c, hw in (("NCHW", shape[1], shape[2:]), ("NHWC", shape[3], shape[1:3])):
+        if c == 3 and all(isinstance(d, int) and d > 0 for d in hw):
+            return {"kind": "image", "size": [int(hw[0]), int(hw[1])], "resize": "bilinear", "letterbox": False,
+                    "layout": layout, "color": "RGB", "mean": [0.0, 0.0, 0.0], "std": [255.0, 255.0, 255.0],
+                    "dtype": "float32" if inputs[0].dtype != "float16" else "float16"}
+    return None

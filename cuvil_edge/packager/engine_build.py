@@ -21,8 +21,7 @@ from typing import Any
 
 from cuvil_edge._atomic import atomic_write_bytes
 from cuvil_edge.bundle.engine_key import major_minor
-from cuvil_edge.bundle.engine_plan import load_plan, validate_plan
-from cuvil_edge.bundle.engine_store import sha256_file
+from cuvil_edge.bundle.engine_plan import check_build_inputs, load_plan, validate_plan
 from cuvil_edge.errors import ModelError
 
 __all__ = ["EngineFromOnnx", "build_engine"]
@@ -199,17 +198,8 @@ def build_engine(plan_path: Path, onnx_path: Path, out_path: Path, timing_cache:
             (naming ``pip install cuvil-edge[jetson]``), parse or build failure.
     """
     plan = load_plan(Path(plan_path))
-    if plan.get("unresolved_inputs"):
-        raise ModelError(f"{plan_path}: input(s) {plan['unresolved_inputs']} have dynamic dimensions without "
-                         "sizes, so the engine has no optimization profile; give the input shape in the recipe "
-                         "and package again")
     onnx_path = Path(onnx_path)
-    if not onnx_path.is_file():
-        raise ModelError(f"{onnx_path}: no such model file")
-    digest = sha256_file(onnx_path)
-    if digest != plan["model"]["sha256"]:
-        raise ModelError(f"{onnx_path}: sha256 {digest[:16]}... is not the model the plan was made for "
-                         f"({plan['model']['sha256'][:16]}...)")
+    check_build_inputs(plan, Path(plan_path), onnx_path)
     engine = EngineFromOnnx(onnx_path, plan, timing_cache, log=log)()
     atomic_write_bytes(Path(out_path), engine)
     return Path(out_path)

@@ -35,7 +35,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from cuvil_edge.bundle.engine_plan import load_plan
+from cuvil_edge.bundle.engine_plan import check_build_inputs, load_plan
 from cuvil_edge.bundle.engine_store import (
     EngineError,
     EngineRecord,
@@ -45,7 +45,6 @@ from cuvil_edge.bundle.engine_store import (
     now_iso,
     plan_matches_device,
     sha256_bytes,
-    sha256_file,
 )
 from cuvil_edge.errors import ModelError
 
@@ -99,8 +98,7 @@ def build_into_store(
         raise ModelError(f"--builder {builder!r}: use one of {', '.join(BUILDERS)}")
     plan = load_plan(Path(plan_path))
     if plan.get("unresolved_inputs"):
-        raise ModelError(f"{plan_path}: input(s) {plan['unresolved_inputs']} have dynamic dimensions without sizes; "
-                         "give the input shape in the recipe and package again")
+        check_build_inputs(plan, Path(plan_path), Path(onnx_path))  # refused before probing the device
     dla = (plan.get("dla") or {}).get("core")
     facts = probe_local(root)
     trt_version = None
@@ -116,12 +114,7 @@ def build_into_store(
                           f"for TensorRT {device.tensorrt}")
     key = key_for_facts(facts, plan, trt_version)
     onnx_path = Path(onnx_path)
-    if not onnx_path.is_file():
-        raise ModelError(f"{onnx_path}: no such model file")
-    model_sha = sha256_file(onnx_path)
-    if model_sha != plan["model"]["sha256"]:
-        raise EngineError(f"{onnx_path}: sha256 {model_sha[:12]}... is not the model the plan was made for "
-                          f"({plan['model']['sha256'][:12]}...)")
+    model_sha = check_build_inputs(plan, Path(plan_path), onnx_path)
     store = EngineStore(Path(store_root) / "engines")
     scratch = store.root / ".build" / f"{model_sha[:16]}-{key.slug}-{os.getpid()}"
     with contextlib.suppress(OSError):

@@ -70,8 +70,9 @@ class PlanRequest:
         precision (str): fp32, fp16, int8 or mixed.
         max_batch (int): the largest batch; sizes the optimization profiles.
         model (str): the model's member path in the bundle.
-        input_shapes (Mapping[str, list[int]]): full shapes of inputs whose every dimension is
-            known (dynamic non-batch dimensions take their size from here).
+        input_shapes (Mapping[str, Any]): per input, a full shape whose every dimension is known
+            (dynamic non-batch dimensions take their size from here) or a ``{min, opt, max}``
+            profile as the packager resolved it.
         layer_fp16 (tuple[str, ...]): nodes the mixed-precision search put in FP16.
         layer_fp32 (tuple[str, ...]): nodes it kept in FP32.
         dla_core (int | None): build for this DLA core; None for the GPU.
@@ -82,7 +83,7 @@ class PlanRequest:
     precision: str = "fp32"
     max_batch: int = 1
     model: str = "model.onnx"
-    input_shapes: Mapping[str, list[int]] = field(default_factory=dict)
+    input_shapes: Mapping[str, Any] = field(default_factory=dict)
     layer_fp16: tuple[str, ...] = ()
     layer_fp32: tuple[str, ...] = ()
     dla_core: int | None = None
@@ -124,12 +125,16 @@ class PlanRequest:
                    gpu_fallback=bool(engine.get("gpu_fallback", True)))
 
 
-def _fixed_shapes(inputs: Sequence[Mapping[str, Any]]) -> dict[str, list[int]]:
-    """Full shapes of the inputs whose every dimension is a number (dynamic ones are names)."""
-    shapes = {}
+def _fixed_shapes(inputs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """Per input, the profile the packager resolved (``profile``: min/opt/max), else its full shape
+    when every dimension is a number (dynamic ones are names or -1)."""
+    shapes: dict[str, Any] = {}
     for entry in inputs:
         shape = entry.get("shape") or []
-        if shape and all(isinstance(d, int) for d in shape):
+        profile = entry.get("profile")
+        if isinstance(profile, Mapping) and {"min", "opt", "max"} <= set(profile):
+            shapes[str(entry["name"])] = {k: [int(d) for d in profile[k]] for k in ("min", "opt", "max")}
+        elif shape and all(isinstance(d, int) for d in shape):
             shapes[str(entry["name"])] = [int(d) for d in shape]
     return shapes
 

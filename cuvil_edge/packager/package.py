@@ -21,16 +21,32 @@ import onnx
 
 from cuvil_edge.bundle.manifest import Manifest
 from cuvil_edge.bundle.names import check_bundle_names
-from cuvil_edge.errors import DataError, KernelError, ModelError, QuantizationError, RecipeError
-from cuvil_edge.packager.data import Dataset, InputSpec, load_dataset
+from cuvil_edge.errors import (
+    AccuracyError,
+    DataError,
+    KernelError,
+    ModelError,
+    QuantizationError,
+    RecipeError,
+)
+from cuvil_edge.packager.data import (
+    Dataset,
+    InputSpec,
+    assumed_image_preprocess,
+    holds_images,
+    load_dataset,
+    with_batch_axes,
+)
 from cuvil_edge.packager.load import load_model, model_inputs, model_outputs
+from cuvil_edge.packager.partial_quant import quantized_nodes, subgraph_node_count
 from cuvil_edge.packager.quantize import Quantizer, convert_fp16, target_arithmetic
 from cuvil_edge.packager.tasks import TaskSpec
-from cuvil_edge.packager.validate import ValidationReport, make_session, run_model, task_for, validate_models
+from cuvil_edge.packager.validate import ValidationReport, make_session, task_for, validate_models
 from cuvil_edge.recipes import QUANTIZERS, AccuracyGoal, Recipe, choices
 from cuvil_edge.targets import Target, get_target
 
-__all__ = ["QUANTIZER_STEPS", "PackageResult", "QuantizerStep", "check_tensorrt_form", "package", "quantize_model", "resolve_model", "sample_members"]
+__all__ = ["QUANTIZER_STEPS", "PackageResult", "QuantizerStep", "bundle_name", "check_loadable", "check_tensorrt_form",
+           "package", "quantize_model", "report_path_beside", "resolve_model", "resolve_profiles", "sample_members"]
 
 SAMPLE_SIZE = 4
 Progress = Callable[[str], None]
@@ -48,6 +64,14 @@ def resolve_model(source: str | Path) -> Path:
             raise ModelError(f"unknown built-in model '{text}' (known: {', '.join(sorted(builders))})")
         return builders[text]()
     return Path(text)
+
+
+def bundle_name(source: str | Path) -> str:
+    """The bundle name a model source implies: ``builtin:digits-cnn`` -> ``digits-cnn``, ``a/yolo.onnx`` -> ``yolo``."""
+    text = str(source)
+    if text.startswith("builtin:"):
+        return text.split(":", 1)[1]
+    return Path(text).stem
 
 
 @contextlib.contextmanager
@@ -82,12 +106,16 @@ def _split_for_evaluation(calib: Dataset) -> tuple[Dataset, Dataset]:
 
 
 def _random_data(inputs: list[InputSpec], count: int) -> Dataset:
+    """Stand-in samples when no data is given (fp32/fp16 need none): normal floats, zero integers."""
     rng = np.random.default_rng(0)
     arrays = {}
     for spec in inputs:
-        shape = [count] + [d if isinstance(d, int) and d > 0 else 1 for d in spec.shape[1:]]
-        arrays[spec.name] = rng.standard_normal(shape).astype(spec.dtype)
-    return Dataset(arrays, None, "random normal inputs (no data given)")
+        shape = [count] + [d if isinstance(d, int) and d > 0 else 1 for d in spec.sample_shape]
+        if np.dtype(spec.dtype).kind == "f":
+            arrays[spec.name] = rng.standard_normal(shape).astype(spec.dtype)
+        else:
+            arrays[spec.name] = np.zeros(shape, spec.dtype)
+    return Dataset(arrays, None, "random normal inputs (no data given)", {s.name: s.batch_axis for s in inputs})
 
 
 def quantize_model(
@@ -103,10 +131,12 @@ def quantize_model(
     bar: Bar | None = None,
     bias_correction: bool = True,
     quantizer: str = "cuvil",
+    exclude: list[str] | None = None,
 ) -> tuple[onnx.ModelProto, dict[str, Any]]:
     """The model in ``precision`` for ``target``'s runtime, with what the search found.
 
     ``quantizer="modelopt"`` quantizes with NVIDIA Model Optimizer (TensorRT targets, ``int8`` only).
+    ``exclude``: node-name or op-type patterns kept in float (``[quantization] exclude``).
     """
     say = progress or (lambda msg: None)
     info: dict[str, Any] = {"runtime_format": target.runtime_format, "quantizer": quantizer}
@@ -119,7 +149,7 @@ def quantize_model(
     if calibration is None:
         raise DataError(f"precision '{precision}' needs calibration data: pass --calib DIR or set [calibration] data")
     step = QuantizerStep(model, target, precision, calibration, kind, goal, method, sensitivity, say, bar,
-                         bias_correction)
+                         bias_correction, tuple(exclude or ()))
     quantized, found = QUANTIZER_STEPS[quantizer](step)
     return quantized, {**info, **found}
 
@@ -139,6 +169,7 @@ class QuantizerStep:
     say: Progress
     bar: Bar | None
     bias_correction: bool
+    exclude: tuple[str, ...] = ()  # node-name or op-type patterns kept in float (not for modelopt)
 
 
 def _quantize_modelopt(step: QuantizerStep) -> tuple[onnx.ModelProto, dict[str, Any]]:
@@ -163,11 +194,22 @@ def _quantize_cuvil(step: QuantizerStep) -> tuple[onnx.ModelProto, dict[str, Any
     say(f"calibrating on {len(calibration)} samples ({method})")
     search = step.sensitivity if step.sensitivity is not None else calibration
     with _quiet(), Quantizer(step.model, step.target.runtime_format, calibration, method, progress=say,
-                             bar=step.bar, bias_correction=bias_correction, arch=step.target.arch) as q:
+                             bar=step.bar, bias_correction=bias_correction, arch=step.target.arch,
+                             exclude=step.exclude) as q:
         result = q.mixed(search, step.kind, step.goal) if step.precision == "mixed" else None
         quantized = result.model if result is not None else q.quantize()
         info["bias_corrected_convs"] = len(q.corrected)
         info["int8_form"] = q.form.to_dict()
+        info["excluded_nodes"] = list(q.excluded)
+        info["exclude_patterns"] = list(q.exclude_patterns)
+        info["range_split"] = list(q.range_split)
+        info["quantized_nodes"] = len(quantized_nodes(quantized))
+        info["subgraph_nodes_in_float"] = subgraph_node_count(quantized)
+    if info["subgraph_nodes_in_float"]:
+        say(f"warning: {info['subgraph_nodes_in_float']} node(s) inside If/Loop/Scan bodies stay in float "
+            f"(only the main graph is quantized; {info['quantized_nodes']} node(s) there read INT8)")
+    elif not info["quantized_nodes"]:
+        say("warning: no node of the model was quantized; the bundle computes in float")
     info["accuracy_arithmetic"] = ("exact Q/DQ emulation: the target's integer arithmetic computed in float "
                                    "operators, identical on any host (not the host's fused INT8 kernels)")
     info["fp16_nodes"], info["fp32_nodes"] = [], []
@@ -222,19 +264,29 @@ def sample_members(model_bytes: bytes, evaluation: Dataset, variants: list[bytes
     ``variants`` are other legitimate ways the board may compute it (its FP16 layers in half
     precision under TensorRT): the tolerance is widened to twice their largest distance, so either
     runtime passes while a broken install, which differs by far more, does not. Samples of one shape
-    only (the first sample's), so they stack into one request.
+    only (the first sample's), so they stack into one request, fed as the model takes it (batch
+    axes in place, one value for inputs without one).
     """
-    first = next(evaluation.batches(SAMPLE_SIZE))[2]
-    sample = Dataset(first, None, evaluation.source)
-    outputs = run_model(make_session(model_bytes), sample)
+    session = make_session(model_bytes)
+    axes = evaluation.batch_axes
+    fixed = any(isinstance(i.shape[axes.get(i.name, 0) or 0], int) for i in session.get_inputs()
+                if i.shape and axes.get(i.name, 0) is not None)
+    feed = next(evaluation.batches(1 if fixed else SAMPLE_SIZE))[2]
+
+    def run(sess: Any) -> dict[str, np.ndarray]:
+        names = [o.name for o in sess.get_outputs()]
+        return {n: np.asarray(v) for n, v in zip(names, sess.run(names, feed), strict=True)}
+
+    outputs = run(session)
     spread = 0.0
     for variant in variants or []:
-        other = run_model(make_session(variant), sample)
-        spread = max([spread] + [float(np.abs(np.asarray(other[k]) - np.asarray(v)).max()) for k, v in outputs.items()])
+        other = run(make_session(variant))
+        spread = max([spread] + [float(np.abs(other[k].astype(np.float64) - v).max()) for k, v in outputs.items()
+                                 if v.dtype.kind == "f"])
     buf_in, buf_out = io.BytesIO(), io.BytesIO()
-    np.savez(buf_in, **sample.inputs)
-    np.savez(buf_out, **outputs)
-    scale = max(float(np.abs(v).max()) for v in outputs.values()) if outputs else 1.0
+    np.savez_compressed(buf_in, **feed)
+    np.savez_compressed(buf_out, **outputs)
+    scale = max((float(np.abs(v).max()) for v in outputs.values() if v.size), default=1.0)
     # Other runtimes (TensorRT kernels, another CPU) differ by rounding; a broken install differs by far more.
     tolerance = {"rtol": 0.01, "atol": max(1e-3, 0.02 * scale, 2 * spread)}
     return buf_in.getvalue(), buf_out.getvalue(), tolerance
@@ -254,9 +306,109 @@ def _plugins(target: Target, say: Progress) -> dict[str, Path]:
     return {f"plugins/{target.plugin_platform}/{lib.name}": lib}
 
 
-def _spec_list(specs: list[InputSpec]) -> list[dict[str, Any]]:
-    return [{"name": s.name, "dtype": s.dtype, "shape": [d if isinstance(d, int) and d > 0 else -1 for d in s.shape]}
-            for s in specs]
+def _spec_list(specs: list[InputSpec], profiles: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    """Manifest input entries; ``batch_axis`` when not the first (None: no batch axis), the
+    TensorRT ``profile`` when the input is dynamic (what the board's engine build uses)."""
+    out = []
+    for s in specs:
+        entry: dict[str, Any] = {"name": s.name, "dtype": s.dtype,
+                                 "shape": [d if isinstance(d, int) and d > 0 else -1 for d in s.shape]}
+        if s.batch_axis != 0:
+            entry["batch_axis"] = s.batch_axis
+        if profiles and isinstance(profiles.get(s.name), dict):
+            entry["profile"] = profiles[s.name]
+        out.append(entry)
+    return out
+
+
+def resolve_profiles(model: onnx.ModelProto, inputs: list[InputSpec], recipe: Recipe, target: Target
+                     ) -> dict[str, Any]:
+    """The TensorRT optimization profile of every dynamic input (``{name: {min, opt, max}}``).
+
+    Sizes come from the recipe's ``[input] shapes`` (or ``--input-shape``), else an image input's
+    pre-processing size; the batch axis runs 1..max_batch. Boards without TensorRT need none (an
+    empty mapping), but a recipe shape for an input the model lacks is refused everywhere.
+
+    Raises:
+        RecipeError: a TensorRT target with a dynamic dimension nobody sized, naming the input, its
+            dimension and the recipe field or flag that sizes it; or a shape that contradicts the model.
+    """
+    from cuvil_edge.packager.profiles import dynamic_inputs, optimization_profiles, profile_shapes
+
+    dynamic = dynamic_inputs(model)
+    try:
+        shapes = profile_shapes(dynamic, recipe.input_shapes, recipe.preprocess)
+        profiles, warnings = optimization_profiles(dynamic, recipe.max_batch, shapes,
+                                                   batch_axes={i.name: i.batch_axis for i in inputs})
+    except ModelError as exc:
+        raise RecipeError(str(exc)) from None
+    if not target.has_gpu:
+        return {}
+    if warnings:
+        more = f" ({len(warnings) - 1} more input(s) too)" if len(warnings) > 1 else ""
+        raise RecipeError(f"{target.name} runs TensorRT: {warnings[0]}{more}")
+    return profiles["gpu"]
+
+
+def check_loadable(model: onnx.ModelProto, what: str) -> None:
+    """Refuse a model that ``onnx.checker`` or ONNX Runtime rejects, before anything is written.
+
+    The same checks ``load_model`` (and so ``cuvil-edge validate``) applies to a model it reads,
+    so every bundle the packager writes is one its own tools accept.
+
+    Raises:
+        QuantizationError: naming the checker's or ONNX Runtime's first complaint.
+    """
+    try:
+        onnx.checker.check_model(model, full_check=False)
+        onnx.shape_inference.infer_shapes(model, check_type=True, strict_mode=False)
+    except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise QuantizationError(f"{what} fails the ONNX checker ({first}); nothing was written") from None
+    try:
+        make_session(model)
+    except ModelError as exc:
+        raise QuantizationError(f"{what}: {exc}; nothing was written") from None
+
+
+def _write_reports(report: dict[str, Any], paths: list[Path]) -> list[Path]:
+    """Write ``report`` as JSON to each path (atomically, fsynced); the paths written."""
+    from cuvil_edge._atomic import atomic_write_text
+
+    text = json.dumps(report, indent=2, default=float) + "\n"
+    written = []
+    for path in dict.fromkeys(Path(p) for p in paths):
+        atomic_write_text(path, text)
+        written.append(path)
+    return written
+
+
+def _keep_float_advice(model: onnx.ModelProto, target: Target, recipe: Recipe, calib: Dataset,
+                       search: Dataset | None, evaluation: Dataset, kind: TaskSpec, goal: AccuracyGoal,
+                       quantized: onnx.ModelProto, qinfo: dict[str, Any], say: Progress, bar: Bar | None
+                       ) -> dict[str, Any]:
+    """The most sensitive layer groups of a model that missed its goal, and what keeping each out of
+    INT8 (FP16 on TensorRT boards, FP32) would give on the evaluation data, as the target computes.
+
+    The ranking is the mixed search's when it ran, else measured here on calibration data; the
+    figures are measured on variants of the model that missed, so they say what one more group
+    kept in float buys (``cuvil-edge package ... --exclude GROUP/*`` or ``--precision mixed``).
+    """
+    with _quiet(), Quantizer(model, target.runtime_format, calib, recipe.calibration_method, progress=say, bar=bar,
+                             bias_correction=recipe.bias_correction, arch=target.arch, exclude=recipe.exclude) as q:
+        ranking = qinfo.get("sensitivity") or q.sensitivity(search if search is not None else calib, kind)
+        rows = q.keep_float_advice(quantized, evaluation, kind, goal, ranking, qinfo.get("tiers") or {})
+    return {"ranking": dict(sorted(ranking.items(), key=lambda kv: -kv[1])[:20]),
+            "ranking_metric": f"error when only this group is INT8, for the {kind.kind} task (mean KL for "
+                              "classifiers, else the task's shortfall plus 1 - the worst output's cosine)",
+            "keep_float": rows,
+            "hint": "keep a group in float with --exclude 'GROUP*' ([quantization] exclude), or let "
+                    "--precision mixed choose"}
+
+
+def report_path_beside(out: Path) -> Path:
+    """Where the report of a bundle that was not written goes: ``m.cvb`` -> ``m.report.json``."""
+    return out.with_name(f"{out.stem}.report.json")
 
 
 def package(
@@ -267,11 +419,15 @@ def package(
     bar: Bar | None = None,
     enforce_goal: bool = True,
     quantizer: str = "cuvil",
+    report_path: Path | None = None,
 ) -> PackageResult:
     """Run the whole pipeline for ``recipe`` and write a signed bundle to ``out``.
 
     ``enforce_goal=False`` writes the bundle even when the accuracy goal is missed (benchmarks
-    record such models); the report's ``validation.passed`` says so.
+    record such models); the report's ``validation.passed`` says so. A missed goal writes no
+    bundle but the whole report, with the most sensitive layer groups and what keeping each out of
+    INT8 would give (``advice``), to ``report_path`` and beside the would-be bundle
+    (:func:`report_path_beside`); ``report_path`` also gets the report of a bundle that was written.
 
     Raises:
         ModelError, DataError, QuantizationError, AccuracyError, BundleError: with one-line messages.
@@ -284,10 +440,16 @@ def package(
     model_path = resolve_model(recipe.model)
     say(f"loading {model_path}")
     model = load_model(model_path)
-    inputs, outputs = model_inputs(model), model_outputs(model)
+    outputs = model_outputs(model)
+    try:
+        inputs = with_batch_axes(model_inputs(model), recipe.batch_axes)
+    except DataError as exc:
+        raise RecipeError(str(exc)) from None
     if recipe.input_name and recipe.input_name not in [i.name for i in inputs]:
         raise RecipeError(f"recipe input name '{recipe.input_name}' is not an input of {model_path} "
                           f"(inputs: {', '.join(i.name for i in inputs)})")
+    # Before any calibration: a TensorRT target needs a profile for every dynamic dimension.
+    profiles = resolve_profiles(model, inputs, recipe, target)
     timings["load"] = time.perf_counter() - t0
 
     t = time.perf_counter()
@@ -295,7 +457,7 @@ def package(
     if target.has_gpu:
         from cuvil_edge.packager.inspect import inspect_model
 
-        report = inspect_model(model, target, max_batch=recipe.max_batch)
+        report = inspect_model(model, target, max_batch=recipe.max_batch, shapes=profiles)
         inspect_info = report.to_dict()
         if report.unsupported:
             say(f"warning: {len(report.unsupported)} node(s) unsupported by TensorRT on {target.name}: "
@@ -303,6 +465,18 @@ def package(
     timings["inspect"] = time.perf_counter() - t
 
     t = time.perf_counter()
+    inferred: dict[str, Any] = {}
+    if recipe.preprocess.get("kind") != "image" and any(
+            holds_images(d) for d in (recipe.calibration_data, recipe.evaluation_data)):
+        assumed = assumed_image_preprocess(inputs)
+        if assumed is None:
+            raise RecipeError("the data holds images but nothing says how to pre-process them for this model: give "
+                              "--preprocess image:HxW[,letterbox][,rgb|bgr][,scale=1/255][,mean=...][,std=...] "
+                              "or a [preprocess] section")
+        recipe.preprocess = assumed
+        inferred["preprocess"] = assumed
+        say(f"warning: no pre-processing given; assumed image:{assumed['size'][0]}x{assumed['size'][1]}, "
+            f"{assumed['layout']}, RGB, pixels / 255 (give --preprocess to change it)")
     needs_calib = recipe.precision in ("int8", "mixed")
     calib = None
     if needs_calib or recipe.calibration_data:
@@ -331,14 +505,16 @@ def package(
     task = task_for(make_session(model), evaluation, recipe.postprocess)
     if task.inferred:
         say(f"task: {task.reason}")
+        inferred["postprocess"] = task.post
     goal = task.goal(recipe.accuracy)
     timings["data"] = time.perf_counter() - t
 
     t = time.perf_counter()
     quantized, qinfo = quantize_model(model, target, recipe.precision, calib, task, goal,
                                       recipe.calibration_method, sensitivity, say, bar, recipe.bias_correction,
-                                      quantizer=quantizer)
+                                      quantizer=quantizer, exclude=recipe.exclude)
     timings["quantize"] = time.perf_counter() - t
+    check_loadable(quantized, f"the {recipe.precision} model")
     if target.has_gpu and recipe.precision in ("int8", "mixed"):
         qinfo["qdq_check"] = check_tensorrt_form(quantized, target)
 
@@ -350,8 +526,34 @@ def package(
     validation: ValidationReport = validate_models(make_session(model), make_session(emulated), evaluation, task,
                                                    goal if recipe.precision != "fp32" else None)
     timings["validate"] = time.perf_counter() - t
-    if enforce_goal:
-        validation.raise_if_failed(f"{recipe.name} ({recipe.precision}, {target.runtime_format} format)")
+
+    def make_report() -> dict[str, Any]:
+        made = {
+            "model": str(model_path),
+            "target": target.name,
+            "precision": recipe.precision,
+            "runtime_format": target.runtime_format,
+            "validation": validation.to_dict(),
+            "quantization": qinfo,
+            "inspect": {k: inspect_info[k] for k in ("unsupported", "dla_fallbacks", "dynamic_inputs", "profiles",
+                                                      "warnings") if k in inspect_info},
+            "timings_s": timings,
+        }
+        if inferred:
+            made["inferred"] = inferred
+        return made
+
+    if enforce_goal and validation.failures:
+        missed = make_report()
+        if recipe.precision in ("int8", "mixed") and quantizer == "cuvil" and calib is not None:
+            say("goal missed: measuring what keeping the most sensitive layers out of INT8 would give")
+            missed["advice"] = _keep_float_advice(model, target, recipe, calib, sensitivity, evaluation, task,
+                                                  goal, quantized, qinfo, say, bar)
+        written_to = _write_reports(missed, [p for p in (report_path, report_path_beside(Path(out))) if p])
+        try:
+            validation.raise_if_failed(f"{recipe.name} ({recipe.precision}, {target.runtime_format} format)")
+        except AccuracyError as exc:
+            raise AccuracyError(f"{exc}; report: {', '.join(str(p) for p in written_to)}") from None
     elif validation.failures:
         say(f"warning: accuracy goal missed: {'; '.join(validation.failures)}")
 
@@ -370,7 +572,7 @@ def package(
             precision=recipe.precision,
             format_kind=target.runtime_format,
             model="model.onnx",
-            inputs=_spec_list(inputs),
+            inputs=_spec_list(inputs, profiles),
             outputs=_spec_list(outputs),
             files=[],
             max_batch=recipe.max_batch,
@@ -402,17 +604,7 @@ def package(
         for name, path in _plugins(target, say).items():
             members[name] = path
             manifest.plugins.setdefault(target.plugin_platform, []).append(name)
-        report = {
-            "model": str(model_path),
-            "target": target.name,
-            "precision": recipe.precision,
-            "runtime_format": target.runtime_format,
-            "validation": validation.to_dict(),
-            "quantization": qinfo,
-            "inspect": {k: inspect_info[k] for k in ("unsupported", "dla_fallbacks", "dynamic_inputs", "profiles",
-                                                      "warnings") if k in inspect_info},
-            "timings_s": timings,
-        }
+        report = make_report()
         members["validation.json"] = (json.dumps(report, indent=2, default=float) + "\n").encode()
         if "inspect.json" not in members and inspect_info:
             members["inspect.json"] = (json.dumps(inspect_info, indent=2) + "\n").encode()
@@ -422,4 +614,6 @@ def package(
         written = write_bundle(out, manifest.to_dict(), members, key)
     timings["bundle"] = time.perf_counter() - t
     timings["total"] = time.perf_counter() - t0
+    if report_path is not None:
+        _write_reports(report, [report_path])
     return PackageResult(Path(out), written.to_dict(), report, timings)

@@ -18,9 +18,31 @@ import copy
 
 import onnx
 
-__all__ = ["float_nodes_except", "with_float_nodes"]
+__all__ = ["float_nodes_except", "node_reads", "quantized_nodes", "sort_topologically", "subgraph_node_count",
+           "with_float_nodes"]
 
 _QDQ = ("QuantizeLinear", "DequantizeLinear")
+
+
+def quantized_nodes(quantized: onnx.ModelProto) -> list[str]:
+    """Computing nodes of ``quantized`` that read a DequantizeLinear's output: the nodes quantization
+    touched (whatever their op type), which the mixed search may return to float, in graph order."""
+    dq_out = {o for n in quantized.graph.node if n.op_type == "DequantizeLinear" for o in n.output}
+    return [n.name for n in quantized.graph.node
+            if n.op_type not in _QDQ and n.name and any(i in dq_out for i in n.input)]
+
+
+def subgraph_node_count(model: onnx.ModelProto) -> int:
+    """Nodes inside If/Loop/Scan bodies (at any depth): ONNX Runtime's QDQ quantizer leaves them float."""
+    def count(graph: onnx.GraphProto) -> int:
+        total = 0
+        for n in graph.node:
+            for a in n.attribute:
+                for g in ([a.g] if a.HasField("g") else []) + list(a.graphs):
+                    total += len(g.node) + count(g)
+        return total
+
+    return count(model.graph)
 
 
 def float_nodes_except(quantized: onnx.ModelProto, keep: list[str]) -> set[str]:
@@ -62,7 +84,7 @@ def with_float_nodes(quantized: onnx.ModelProto, float_model: onnx.ModelProto, n
                 node.input[i] = name
     _bypass_output_qdq(out, names)
     _prune(out)
-    return out
+    return sort_topologically(out)
 
 
 def _bypass_output_qdq(model: onnx.ModelProto, names: set[str]) -> None:
@@ -89,12 +111,25 @@ def _bypass_output_qdq(model: onnx.ModelProto, names: set[str]) -> None:
         dq.output[0] = ""
 
 
+def node_reads(node: onnx.NodeProto) -> set[str]:
+    """Every name ``node`` reads: its inputs and, through If/Loop/Scan bodies, the outer-scope names
+    those subgraphs use (a branch reading a tensor of the main graph keeps its producer alive)."""
+    names = {i for i in node.input if i}
+    for attr in node.attribute:
+        for g in ([attr.g] if attr.HasField("g") else []) + list(attr.graphs):
+            inner = {o for n in g.node for o in n.output} | {i.name for i in g.input} | {i.name for i in g.initializer}
+            for n in g.node:
+                names |= node_reads(n) - inner
+            names |= {o.name for o in g.output} - inner
+    return names
+
+
 def _prune(model: onnx.ModelProto) -> None:
     """Drop nodes none of whose outputs is read (or is a graph output), then unread initializers."""
     graph = model.graph
     outputs = {o.name for o in graph.output}
     while True:
-        read = {i for n in graph.node for i in n.input} | outputs
+        read = {i for n in graph.node for i in node_reads(n)} | outputs
         dead = [n for n in graph.node if not any(o in read for o in n.output if o)]
         if not dead:
             break
@@ -102,7 +137,42 @@ def _prune(model: onnx.ModelProto) -> None:
         keep = [n for n in graph.node if id(n) not in ids]
         del graph.node[:]
         graph.node.extend(keep)
-    read = {i for n in graph.node for i in n.input} | outputs
+    read = {i for n in graph.node for i in node_reads(n)} | outputs
     inits = [i for i in graph.initializer if i.name in read]
     del graph.initializer[:]
     graph.initializer.extend(inits)
+
+
+def sort_topologically(model: onnx.ModelProto) -> onnx.ModelProto:
+    """``model`` with its nodes in an order where each comes after the producers of what it reads.
+
+    ONNX Runtime's ``convert_float_to_float16(keep_io_types=True)`` appends the input Casts at the
+    end of the graph: ONNX Runtime sorts on load, but ``onnx.checker`` (and so ``cuvil-edge
+    validate``) refuses such a graph. The sort is stable: already ordered graphs are unchanged.
+    """
+    graph = model.graph
+    known = {i.name for i in graph.input} | {i.name for i in graph.initializer} | {""}
+    producers = {o: idx for idx, n in enumerate(graph.node) for o in n.output}
+    pending = list(enumerate(graph.node))
+    ordered: list[onnx.NodeProto] = []
+    while pending:
+        rest = []
+        for idx, node in pending:
+            needs = {r for r in node_reads(node) if r in producers}
+            if needs <= known:
+                ordered.append(node)
+                known.update(node.output)
+            else:
+                rest.append((idx, node))
+        if len(rest) == len(pending):  # a cycle or a name nobody produces: leave the rest as it was
+            ordered.extend(n for _, n in rest)
+            break
+        pending = rest
+    if [id(n) for n in ordered] == [id(n) for n in graph.node]:
+        return model
+    nodes = [onnx.NodeProto() for _ in ordered]
+    for dst, src in zip(nodes, ordered, strict=True):
+        dst.CopyFrom(src)
+    del graph.node[:]
+    graph.node.extend(nodes)
+    return model

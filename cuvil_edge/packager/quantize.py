@@ -21,8 +21,9 @@ cross-checked against the float rewrite in ``emulate.py``), identical on any hos
 
 from __future__ import annotations
 
+import fnmatch
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,18 +33,29 @@ import onnx
 
 from cuvil_edge.errors import QuantizationError
 from cuvil_edge.packager.bias_correction import correct_biases
-from cuvil_edge.packager.calibrate import ORT_CACHE_METHOD, check_method, collect_ranges
+from cuvil_edge.packager.calibrate import (
+    ORT_CACHE_METHOD,
+    check_method,
+    collect_ranges,
+    mixed_range_nodes,
+    output_tensors,
+)
 from cuvil_edge.packager.data import Dataset
 from cuvil_edge.packager.emulate import emulate_fp16
 from cuvil_edge.packager.load import upgrade_opset
-from cuvil_edge.packager.partial_quant import float_nodes_except, with_float_nodes
+from cuvil_edge.packager.partial_quant import (
+    float_nodes_except,
+    quantized_nodes,
+    sort_topologically,
+    with_float_nodes,
+)
 from cuvil_edge.packager.tasks import TaskSpec, measure, search_error
 from cuvil_edge.packager.tasks import goal_failures as task_goal_failures
 from cuvil_edge.packager.validate import make_session, model_outputs_for, task_for
 from cuvil_edge.recipes import AccuracyGoal
 
-__all__ = ["Int8Form", "MixedResult", "Quantizer", "convert_fp16", "int8_form", "layer_groups", "symmetric_zero_points",
-           "target_arithmetic"]
+__all__ = ["Int8Form", "MixedResult", "Quantizer", "convert_fp16", "int8_form", "layer_groups", "match_nodes",
+           "name_unnamed_nodes", "sort_topologically", "symmetric_zero_points", "target_arithmetic"]
 
 # Mean KL (nats) the mixed search accepts on its data when the recipe sets no max_mean_kl. The
 # search data come from the calibration photos that bias correction is fitted on, so held-out KL
@@ -63,15 +75,94 @@ def convert_fp16(model: onnx.ModelProto) -> onnx.ModelProto:
     """FP16 weights and compute; inputs and outputs stay FP32 so clients need no change."""
     from onnxruntime.transformers.float16 import convert_float_to_float16
 
-    return convert_float_to_float16(model, keep_io_types=True, disable_shape_infer=False)
+    return sort_topologically(convert_float_to_float16(model, keep_io_types=True, disable_shape_infer=False))
 
 
-def layer_groups(model: onnx.ModelProto) -> dict[str, list[str]]:
+def name_unnamed_nodes(model: onnx.ModelProto) -> onnx.ModelProto:
+    """``model`` (a copy when anything changes) with a stable name on every node, subgraphs included.
+
+    Exporters may leave node names empty; the mixed search, bias correction, exclude patterns and the
+    build plans' per-layer precisions all address nodes by name. A generated name is
+    ``<op_type>_<n>`` (n counting that op type in graph order; ``<If name>/<branch>/<op_type>_<n>``
+    inside a subgraph), so the same model always gets the same names.
+    """
+    def unnamed(graph: onnx.GraphProto) -> bool:
+        return any(not n.name or any(_subgraphs_unnamed(a, unnamed) for a in n.attribute) for n in graph.node)
+
+    if not unnamed(model.graph):
+        return model
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    taken = set()
+
+    def collect(graph: onnx.GraphProto) -> None:
+        for n in graph.node:
+            if n.name:
+                taken.add(n.name)
+            for a in n.attribute:
+                for g in ([a.g] if a.HasField("g") else []) + list(a.graphs):
+                    collect(g)
+
+    def assign(graph: onnx.GraphProto, prefix: str) -> None:
+        counts: dict[str, int] = {}
+        for n in graph.node:
+            if not n.name:
+                while True:
+                    counts[n.op_type] = counts.get(n.op_type, 0) + 1
+                    name = f"{prefix}{n.op_type}_{counts[n.op_type]}"
+                    if name not in taken:
+                        break
+                n.name = name
+                taken.add(name)
+            for a in n.attribute:
+                for g in ([a.g] if a.HasField("g") else []) + list(a.graphs):
+                    assign(g, f"{n.name}/{a.name}/")
+
+    collect(out.graph)
+    assign(out.graph, "")
+    return out
+
+
+def _constant_inputs_dropped(model: onnx.ModelProto) -> onnx.ModelProto:
+    """``model`` without the graph inputs that are initializers too (exports of opset <= 9 list every
+    weight as an input): the quantizer and the search treat them as weights, and a variant that
+    reads a float copy of one would otherwise leave an input nobody feeds."""
+    inits = {i.name for i in model.graph.initializer}
+    if not any(i.name in inits for i in model.graph.input):
+        return model
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    keep = [i for i in out.graph.input if i.name not in inits]
+    del out.graph.input[:]
+    out.graph.input.extend(keep)
+    return out
+
+
+def _subgraphs_unnamed(attr: onnx.AttributeProto, check: Callable[[onnx.GraphProto], bool]) -> bool:
+    return any(check(g) for g in ([attr.g] if attr.HasField("g") else []) + list(attr.graphs))
+
+
+def match_nodes(model: onnx.ModelProto, patterns: Iterable[str]) -> list[str]:
+    """Names of the top-level nodes whose name or op type matches a pattern (``fnmatch``:
+    ``/model.22/*``, ``Concat``, ``*cv3*``), in graph order."""
+    pats = list(patterns)
+    return [n.name for n in model.graph.node
+            if n.name and any(fnmatch.fnmatchcase(n.name, p) or fnmatch.fnmatchcase(n.op_type, p) for p in pats)]
+
+
+def layer_groups(model: onnx.ModelProto, only: Iterable[str] | None = None) -> dict[str, list[str]]:
     """Quantizable nodes grouped into blocks by name (``blocks.3.expand`` -> ``blocks.3``,
-    ``/features/features.3/conv/Conv`` -> ``/features/features.3``), in graph order."""
+    ``/features/features.3/conv/Conv`` -> ``/features/features.3``), in graph order.
+
+    ``only``: the node names to group (the nodes a quantized model actually quantized), whatever
+    their op type; by default the nodes of the usual quantized op types.
+    """
+    wanted = set(only) if only is not None else None
     groups: dict[str, list[str]] = {}
     for node in model.graph.node:
-        if node.op_type not in _QUANT_OPS or not node.name:
+        if not node.name:
+            continue
+        if (node.name not in wanted) if wanted is not None else (node.op_type not in _QUANT_OPS):
             continue
         name = node.name
         if "/" in name:
@@ -169,13 +260,13 @@ class Quantizer:
     def __init__(self, model: onnx.ModelProto, runtime_format: str, calibration: Dataset, method: str = "percentile",
                  progress: Callable[[str], None] | None = None,
                  bar: Callable[[str, int, int], None] | None = None, bias_correction: bool = True,
-                 arch: str = "aarch64") -> None:
+                 arch: str = "aarch64", exclude: Iterable[str] = ()) -> None:
         if runtime_format not in ("tensorrt", "ort-cpu"):
             raise QuantizationError(f"unknown runtime format '{runtime_format}'")
         check_method(method)
         if len(calibration) == 0:
             raise QuantizationError("no calibration samples")
-        self.model = upgrade_opset(model)
+        self.model = name_unnamed_nodes(_constant_inputs_dropped(upgrade_opset(model)))
         self.runtime_format = runtime_format
         self.form = int8_form(runtime_format, arch)
         self.calibration = calibration
@@ -186,10 +277,20 @@ class Quantizer:
         self._dir = Path(self._tmp.name)
         self._prepared = self._prepare()
         self._cache = self._dir / "calibration.json"
+        # Nodes always kept in float: the user's exclude patterns, then mixed-range nodes (calibrate()).
+        self.exclude_patterns = list(exclude)
+        prepared = onnx.load(str(self._prepared))
+        self.excluded: list[str] = match_nodes(prepared, self.exclude_patterns)
+        unmatched = [p for p in self.exclude_patterns if not match_nodes(prepared, [p])]
+        if unmatched:
+            raise QuantizationError(f"exclude pattern '{unmatched[0]}' matches no node name or op type of the model")
+        self.range_split: list[dict[str, Any]] = []
+        self.unclipped: set[str] = set()
         self.bias_correction = bias_correction
         # (prepared float model, per-Conv input means), computed on the first quantize() only.
         self._bias_reference: tuple[onnx.ModelProto, dict[str, np.ndarray]] | None = None
         self.corrected: list[str] = []
+        self._tasks: dict[str, TaskSpec] = {}
 
     def close(self) -> None:
         self._tmp.cleanup()
@@ -211,6 +312,10 @@ class Quantizer:
         except Exception as exc:  # pre-processing is an optimisation; fall back to the model as given
             self._progress(f"quantization pre-processing skipped: {str(exc).splitlines()[0]}")
             return src
+        prepared = onnx.load(str(out))
+        named = name_unnamed_nodes(prepared)  # ONNX Runtime's fusions may leave new nodes unnamed
+        if named is not prepared:
+            onnx.save(named, str(out))
         return out
 
     @property
@@ -231,7 +336,14 @@ class Quantizer:
         convs = [n for n in prepared.graph.node if n.op_type == "Conv" and n.name] if self.bias_correction else []
         collector = collect_ranges(prepared, self.calibration, on_batch=lambda d, t: self._bar("calibrating", d, t),
                                    channel_means_of={n.input[0] for n in convs})
-        save_tensors_data(collector.tensors_data(self.method, self.form.symmetric_activations), self._cache)
+        self.unclipped = output_tensors(prepared)
+        save_tensors_data(collector.tensors_data(self.method, self.form.symmetric_activations,
+                                                 unclipped=self.unclipped), self._cache)
+        # Nodes that would put inputs of very different ranges under one scale stay in float.
+        self.range_split = mixed_range_nodes(prepared, collector, self.method, self.form.symmetric_activations)
+        for found in self.range_split:
+            self._progress(f"keeping {found['node']} in float: {found['why']}")
+        self.excluded += [f["node"] for f in self.range_split if f["node"] not in self.excluded]
         means = collector.channel_means()
         self._bias_reference = (prepared, {n.name: means[n.input[0]] for n in convs if n.input[0] in means})
 
@@ -260,18 +372,21 @@ class Quantizer:
 
     def quantize(self, nodes_to_exclude: list[str] | None = None, nodes_to_quantize: list[str] | None = None
                  ) -> onnx.ModelProto:
-        """INT8 model; ``nodes_to_exclude`` stay in float."""
+        """INT8 model; ``nodes_to_exclude`` (and the always-excluded nodes) stay in float."""
         self.calibrate()
         out = self._dir / "int8.onnx"
+        excluded = list(dict.fromkeys([*self.excluded, *(nodes_to_exclude or [])]))
         try:
             _quantize_static()(
                 str(self._prepared), str(out), None,
-                nodes_to_exclude=nodes_to_exclude or [], nodes_to_quantize=nodes_to_quantize or [],
+                nodes_to_exclude=excluded, nodes_to_quantize=nodes_to_quantize or [],
                 calibration_cache_path=str(self._cache), **self._options(),
             )
         except Exception as exc:  # onnxruntime's quantizer raises assorted untyped errors
             raise QuantizationError(f"quantization failed: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from exc
-        model = onnx.load(str(out))
+        # ONNX Runtime's quantizer orders nodes ignoring what If/Loop bodies read from the main
+        # graph: a branch may come before its input's producer, which onnx.checker refuses.
+        model = sort_topologically(onnx.load(str(out)))
         if self.bias_correction and self._bias_reference is not None:
             self.corrected = correct_biases(model, *self._bias_reference)
         if self.runtime_format == "tensorrt" and not symmetric_zero_points(model):
@@ -293,42 +408,28 @@ class Quantizer:
         """
         budget = kl_budget if kl_budget is not None else (goal.max_mean_kl or SEARCH_KL_BUDGET)
         # The search measures the model's job (``packager/tasks``), on every output, as validation does.
-        spec = task_for(make_session(self.model), data, kind)
-        goal = spec.goal(goal)
-        ref = reference if reference is not None else model_outputs_for(make_session(self.model), data, spec)
+        kind = self.task(data, kind)
+        goal = kind.goal(goal)
+        ref = reference if reference is not None else self.reference_outputs(data, kind)
         fp16_tier = self.runtime_format == "tensorrt"
 
         def score(model: onnx.ModelProto, fp16_nodes: list[str] | None = None, on: Dataset | None = None,
                   expected: dict[str, Any] | None = None) -> tuple[float, list[str], dict[str, Any]]:
-            on = on if on is not None else data
-            expected = expected if expected is not None else ref
-            got = model_outputs_for(make_session(target_arithmetic(model, fp16_nodes or [])), on, spec)
-            m, _ = measure(expected, got, spec, on.labels)
-            err = search_error(m)
-            misses = task_goal_failures(m, goal, spec.kind)
-            if spec.kind == "classification" and err > budget:
+            err, misses, m = self.measure(model, on if on is not None else data,
+                                          expected if expected is not None else ref, kind, goal, fp16_nodes)
+            if kind.kind == "classification" and err > budget:  # other tasks' errors are not KL
                 misses.append(f"search error {err:.4f} > budget {budget:.4f}")
             return err, misses, m
 
         full = self.quantize()
         err, misses, metrics = score(full)
         steps = [{"kept_float": [], "tiers": {}, "error": err, "failures": misses, "metrics": metrics}]
-        groups = layer_groups(self.model)
+        groups = self.groups(full)
         if not misses:
             self._progress(f"INT8 meets the goal with no layer kept in float (search error {err:.4f})")
             return MixedResult(full, [], {}, steps)
-        # Variants of the one quantized model (``partial_quant``): no quantizer run per question.
         float_model = self.float_model
-        # Ranking needs fewer samples than the goal check: the first SENSITIVITY_SAMPLES of the search data.
-        rank_data = data.slice(0, min(len(data), SENSITIVITY_SAMPLES))
-        rank_ref = {k: (v[: len(rank_data)]) for k, v in ref.items()}
-        sensitivity: dict[str, float] = {}
-        for i, (name, nodes) in enumerate(groups.items()):
-            self._progress(f"sensitivity {i + 1}/{len(groups)}: {name}")
-            self._bar("layer sensitivity", i, len(groups))
-            only = with_float_nodes(full, float_model, float_nodes_except(full, nodes))
-            sensitivity[name] = score(only, None, rank_data, rank_ref)[0]
-        self._bar("layer sensitivity", len(groups), len(groups))
+        sensitivity = self.sensitivity(data, kind, full=full, reference=ref)
         order = sorted(sensitivity, key=lambda k: -sensitivity[k])
         tiers: dict[str, str] = {}
         fp16_sensitivity: dict[str, float] = {}
@@ -350,12 +451,15 @@ class Quantizer:
                            f"{'goal met' if not miss else 'goal missed'}")
             return model, e, miss, m
 
+        # The FP16 check ranks on the same samples as the sensitivity ranking.
+        rank_data = data.slice(0, min(len(data), SENSITIVITY_SAMPLES))
+        rank_ref = {k: v[: len(rank_data)] for k, v in ref.items()}
         model = full
         limit = max(1, int(len(order) * max_kept_fraction))
         for name in order[:limit]:
             tier = "fp32"
             if fp16_tier:
-                fp16_sensitivity[name] = score(self.model, groups[name], rank_data, rank_ref)[0]
+                fp16_sensitivity[name] = score(float_model, groups[name], rank_data, rank_ref)[0]
                 tier = "fp16" if fp16_sensitivity[name] <= FP16_SENSITIVITY_SHARE * budget else "fp32"
             tiers[name] = tier
             model, err, misses, metrics = attempt()
@@ -374,6 +478,88 @@ class Quantizer:
             fp16_nodes=[n for g, t in tiers.items() if t == "fp16" for n in groups[g]],
             fp32_nodes=[n for g, t in tiers.items() if t == "fp32" for n in groups[g]],
         )
+
+
+    def task(self, data: Dataset, kind: str | dict[str, Any] | TaskSpec | None) -> TaskSpec:
+        """The task the search measures: declared, or inferred from the float model's outputs."""
+        if isinstance(kind, TaskSpec):
+            return kind
+        key = repr(kind)
+        if key not in self._tasks:
+            self._tasks[key] = task_for(make_session(self.model), data, kind)
+        return self._tasks[key]
+
+    def reference_outputs(self, data: Dataset, kind: str | dict[str, Any] | TaskSpec | None) -> dict[str, Any]:
+        """The float model's outputs the task compares against (a stream run for stream models)."""
+        return model_outputs_for(make_session(self.model), data, self.task(data, kind))
+
+    def measure(self, model: onnx.ModelProto, data: Dataset, reference: dict[str, Any],
+                kind: str | dict[str, Any] | TaskSpec | None, goal: AccuracyGoal,
+                fp16_nodes: list[str] | None = None) -> tuple[float, list[str], dict[str, Any]]:
+        """``model`` as the target computes it against ``reference`` on ``data``: (error, goal misses,
+        the task's metrics). The error is the task's (``tasks.search_error``: mean KL for classifiers,
+        the job's shortfall plus 1 - worst cosine for the rest); ``goal`` is checked as given."""
+        spec = self.task(data, kind)
+        got = model_outputs_for(make_session(target_arithmetic(model, fp16_nodes or [])), data, spec)
+        m, _ = measure(reference, got, spec, data.labels)
+        return float(search_error(m)), task_goal_failures(m, goal, spec.kind), m
+
+    def groups(self, quantized: onnx.ModelProto) -> dict[str, list[str]]:
+        """The layer groups the search may keep out of INT8: every node ``quantized`` reads through
+        Q/DQ, whatever its op type or name (generated names included), grouped by block."""
+        return layer_groups(self.float_model, quantized_nodes(quantized))
+
+    def sensitivity(self, data: Dataset, kind: str | dict[str, Any] | TaskSpec | None, full: onnx.ModelProto | None = None,
+                    reference: dict[str, Any] | None = None) -> dict[str, float]:
+        """Per layer group, the error of quantizing that group alone ("quantize only this block").
+
+        Runs on the first SENSITIVITY_SAMPLES of ``data``; variants of the one quantized model
+        (``partial_quant``), no quantizer run per group.
+        """
+        full = full if full is not None else self.quantize()
+        float_model = self.float_model
+        rank_data = data.slice(0, min(len(data), SENSITIVITY_SAMPLES))
+        ref = reference if reference is not None else self.reference_outputs(rank_data, kind)
+        rank_ref = {k: v[: len(rank_data)] for k, v in ref.items()}
+        groups = self.groups(full)
+        out: dict[str, float] = {}
+        for i, (name, nodes) in enumerate(groups.items()):
+            self._progress(f"sensitivity {i + 1}/{len(groups)}: {name}")
+            self._bar("layer sensitivity", i, len(groups))
+            only = with_float_nodes(full, float_model, float_nodes_except(full, nodes))
+            out[name] = self.measure(only, rank_data, rank_ref, kind, AccuracyGoal(None, None, None))[0]
+        self._bar("layer sensitivity", len(groups), len(groups))
+        return out
+
+    def keep_float_advice(self, quantized: onnx.ModelProto, data: Dataset,
+                          kind: str | dict[str, Any] | TaskSpec | None, goal: AccuracyGoal,
+                          ranking: dict[str, float], kept: dict[str, str] | None = None, top: int = 5
+                          ) -> list[dict[str, Any]]:
+        """What keeping each of the ``top`` most sensitive groups out of INT8 would give on ``data``.
+
+        For each group (most sensitive first, those already kept skipped): the metrics and goal
+        misses of ``quantized`` with that group also in FP16 (TensorRT targets) and in FP32, measured
+        as the target computes. Variants of ``quantized``: no quantizer run.
+        """
+        kept = kept or {}
+        goal = self.task(data, kind).goal(goal)
+        ref = self.reference_outputs(data, kind)
+        float_model = self.float_model
+        groups = self.groups(self.quantize())
+        kept_nodes = {n for g in kept for n in groups.get(g, [])}
+        half_kept = [n for g, t in kept.items() if t == "fp16" for n in groups.get(g, [])]
+        rows = []
+        for name in [g for g in sorted(ranking, key=lambda k: -ranking[k]) if g not in kept and g in groups][:top]:
+            row: dict[str, Any] = {"group": name, "nodes": groups[name], "sensitivity": ranking[name]}
+            variant = with_float_nodes(quantized, float_model, kept_nodes | set(groups[name]))
+            tiers = ("fp16", "fp32") if self.runtime_format == "tensorrt" else ("fp32",)
+            for tier in tiers:
+                half = half_kept + (groups[name] if tier == "fp16" else [])
+                err, misses, m = self.measure(variant, data, ref, kind, goal, half)
+                row[tier] = {"error": err, "failures": misses, "passes": not misses,
+                             **{k: v for k, v in m.items() if isinstance(v, (int, float)) and v is not None}}
+            rows.append(row)
+        return rows
 
 
 def target_arithmetic(model: onnx.ModelProto, fp16_nodes: list[str] | None = None) -> onnx.ModelProto:

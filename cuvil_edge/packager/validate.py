@@ -79,7 +79,7 @@ def run_model(session: ort.InferenceSession, data: Dataset, batch: int = 32) -> 
     ``[1, ...]`` arrays instead of one array.
     """
     names = [o.name for o in session.get_outputs()]
-    dyn_batch = {i.name: not isinstance(i.shape[0], int) for i in session.get_inputs()}
+    dyn_batch = {i.name: not i.shape or not isinstance(i.shape[0], int) for i in session.get_inputs()}
     if not all(dyn_batch.values()):
         batch = 1
     parts: dict[str, list[np.ndarray]] = {n: [] for n in names}

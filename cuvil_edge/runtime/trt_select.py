@@ -128,7 +128,7 @@ def choose_engine(
         allow_standin (bool): serve stand-in engines (tests without TensorRT). Defaults to False.
         device (str): the daemon's ``--device``; ``cpu`` never picks an engine. Defaults to auto.
     """
-    from cuvil_edge.bundle.engine_store import EngineError, EngineStore
+    from cuvil_edge.bundle.engine_store import EngineError, EngineStore, RecordInvalid
 
     manifest = as_manifest(manifest)
     name = f"{manifest.name} {manifest.version}"
@@ -144,14 +144,24 @@ def choose_engine(
     sha = choice.model_sha256 = bundle_model_sha256(bundle_dir, manifest)
     store = EngineStore(engines_root)
     choice.engine_path = str(store.plan_path(key, sha))
-    if not store.record_path(key, sha).is_file():
+    record = store.record_path(key, sha)
+    if not (record.is_file() or record.is_symlink()):
         return choice.fall_back(f"no engine for key {key.slug} and model sha256 {sha[:12]}... yet; build it: "
                                 "cuvil-edge engine build --on DEVICE BUNDLE")
     try:
         rec = store.verify(key, sha)
+    except RecordInvalid as exc:
+        # Not a record: moved aside so this is said once, not at every load; the bundle serves.
+        moved = store.quarantine(record) if not record.is_symlink() else None
+        log.warning("%s: engine record refused, serving with ONNX Runtime: %s%s", name, exc,
+                    f" (moved to {moved.name})" if moved is not None else "")
+        return choice.fall_back(f"engine refused: {exc}", refused=True)
     except EngineError as exc:
         log.warning("%s: engine refused, serving with ONNX Runtime: %s", name, exc)
         return choice.fall_back(f"engine refused: {exc}", refused=True)
+    except Exception as exc:  # noqa: BLE001 - whatever is on disk, a bad engine never stops a bundle
+        log.warning("%s: engine refused (%s: %s), serving with ONNX Runtime", name, type(exc).__name__, exc)
+        return choice.fall_back(f"engine refused: {type(exc).__name__}: {exc}", refused=True)
     choice.plan_sha256, choice.builder, choice.plugins = rec.plan_sha256, rec.builder, list(rec.plugins)
     if rec.is_standin:
         if not allow_standin:

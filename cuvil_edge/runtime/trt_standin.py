@@ -41,11 +41,20 @@ class TrtStandinBackend(OrtBackend):
         self.engine_path = Path(engine_path)
         self._expect = expect_model_sha256
         self._onnx: bytes | None = None
+        self.cuda_nodes: list[str] = []
 
     @classmethod
     def from_bundle(cls, bundle_dir: Path, manifest: ManifestLike,
                     options: BackendOptions | None = None) -> TrtStandinBackend:
         raise DaemonError("the stand-in TensorRT runtime loads engines from the engine store, not from bundles")
+
+    def activate_impl(self) -> None:
+        # CUDA initialises before TensorRT deserializes anything: on an L4T board the stand-in opens
+        # the GPU nodes CUDA opens, so the daemon's device cgroup is exercised (cuda_standin.py).
+        from cuvil_edge.runtime.cuda_standin import cuda_init
+
+        self.cuda_nodes = cuda_init(str(self.options.extra.get("dev_root", "/")))
+        super().activate_impl()
 
     def model_source(self) -> bytes:
         if self._onnx is None:

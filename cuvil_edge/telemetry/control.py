@@ -11,11 +11,59 @@ mypy checks where the simulation is built (bench, tests).
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 from cuvil_edge.telemetry.sample import Sample
 
-__all__ = ["DepthControl", "MemoryControl"]
+__all__ = ["DepthControl", "DepthInputs", "MemoryControl"]
+
+
+@dataclass(frozen=True)
+class DepthInputs:
+    """One interval's measurements for a prefetch depth step, as one value (not eleven arguments).
+
+    The daemon builds it each tick from a model's stage counters (``daemon/resources.py``); the
+    pipeline simulation from its simulated stages.
+
+    Args:
+        queue_delay_p95_ms (float | None): p95 of the time requests waited in the queue over the
+            interval.
+        latency_target_ms (float | None): the model's p95 latency objective (manifest
+            ``latency_target_ms.p95``).
+        memory_level (int): the memory scheduler's ladder level (0 = comfortable).
+        gpu_busy_pct (float | None): the daemon's own device occupancy (percent of wall time a batch
+            of ours was executing). Preferred over the sample's GPU utilization: GR3D counts other
+            processes too, and Thor or tegrastats without sudo print none.
+        prefetch_wait_p95_ms (float | None): p95 of the time a prepared batch waited for the device.
+            It tells whether depth causes the queue delay: when batches are ready long before the
+            device takes them, depth only adds latency and memory; when they wait for nothing the
+            device is starving and depth can help. Without it every queue delay is blamed on depth.
+        exec_ms (float | None): mean execution time of a batch; the yardstick for
+            ``prefetch_wait_p95_ms``. Defaults to a tenth of the latency target.
+        depth_blocked_pct (float | None): percent of the interval the batcher had requests waiting
+            but no free slot (depth was the limit). Going deeper only helps then. Without it an
+            under-used GPU is always taken as a reason to go deeper.
+        completed_per_s (float | None): requests (items) completed per second (the rate of
+            ``nv_inference_count``): what a deeper step is judged by; without it the device
+            occupancy stands in for it.
+        pre_ms (float | None): mean time preparing one batch took (its own processing, not its wait
+            for a worker). With ``exec_ms`` it gives the depth that keeps the device fed (Little's
+            law); without it the controller probes instead.
+        pre_workers (int | None): batches that can be prepared at once (worker threads); one more
+            than this is the deepest depth that can still help.
+    """
+
+    queue_delay_p95_ms: float | None = None
+    latency_target_ms: float | None = None
+    memory_level: int = 0
+    gpu_busy_pct: float | None = None
+    prefetch_wait_p95_ms: float | None = None
+    exec_ms: float | None = None
+    depth_blocked_pct: float | None = None
+    completed_per_s: float | None = None
+    pre_ms: float | None = None
+    pre_workers: int | None = None
 
 
 @runtime_checkable
@@ -27,20 +75,7 @@ class DepthControl(Protocol):
     changes: int
     direction_changes: int
 
-    def update(
-        self,
-        sample: Sample | None,
-        queue_delay_p95_ms: float | None = None,
-        latency_target_ms: float | None = None,
-        *,
-        memory_level: int = 0,
-        gpu_busy_pct: float | None = None,
-        prefetch_wait_p95_ms: float | None = None,
-        exec_ms: float | None = None,
-        depth_blocked_pct: float | None = None,
-        pre_ms: float | None = None,
-        pre_workers: int | None = None,
-    ) -> int:
+    def step(self, sample: Sample | None, inputs: DepthInputs) -> int:
         """Take one control step and return the depth to use."""
         ...
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from cuvil_edge._optional import optional_import
 from cuvil_edge.errors import TelemetryError
 from cuvil_edge.telemetry.base import TelemetrySource
 from cuvil_edge.telemetry.sample import Sample
@@ -105,10 +106,8 @@ class JtopSource(TelemetrySource):
 
     def __init__(self, interval_s: float = 1.0) -> None:
         super().__init__(interval_s)
-        try:
-            from jtop import jtop  # jetson-stats, optional
-        except ImportError as exc:
-            raise TelemetryError("jtop source needs jetson-stats: pip install 'cuvil-edge[jetson]'") from exc
+        jtop = optional_import("jtop", needed_for="the jtop source (jetson-stats)",
+                               install="pip install 'cuvil-edge[jetson]'", error=TelemetryError).jtop
         try:
             self._jetson = jtop(interval=interval_s)
             self._jetson.start()

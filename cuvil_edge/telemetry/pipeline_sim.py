@@ -38,7 +38,7 @@ from collections import deque
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from cuvil_edge.telemetry.control import DepthControl, MemoryControl
+from cuvil_edge.telemetry.control import DepthControl, DepthInputs, MemoryControl
 from cuvil_edge.telemetry.sample import Sample
 from cuvil_edge.telemetry.sim import SimulatedBoard
 
@@ -391,13 +391,13 @@ class PipelineSim:
                     if self.scheduler.used_bytes > self.scheduler.budget_bytes + self.scheduler.reserve_bytes:
                         res.budget_overruns += 1
                 if self.controller is not None:
-                    want = self.controller.update(
-                        sample, q95, w.latency_target_ms, memory_level=level, gpu_busy_pct=100 * busy,
+                    want = self.controller.step(sample, DepthInputs(
+                        q95, w.latency_target_ms, memory_level=level, gpu_busy_pct=100 * busy,
                         prefetch_wait_p95_ms=pw95, exec_ms=exec_ms,
                         depth_blocked_pct=blocked_pct,
                         pre_ms=pre_batch_ms if w.pre_parallel else None,
                         pre_workers=w.cpu_workers if w.pre_parallel else None,
-                    )
+                    ))
                     if self.scheduler is not None:
                         batch_bytes = self.scheduler.batch_cap(w.max_batch, w.bytes_per_frame) * w.bytes_per_frame
                         cap = self.scheduler.prefetch_cap(self.controller.max_depth,

@@ -1,5 +1,9 @@
 """tegrastats: one parser for the lines of every Jetson generation, and the process source.
 
+The parser is a table of token handlers (``_BY_NAME``, ``_BY_SHAPE``), one small function per kind
+of field; :data:`GENERATIONS` says which generation brought which format, with its recorded log. A
+new generation is an entry there and, where it prints something new, one handler.
+
 Formats seen in recorded lines (``tests/data/tegrastats/`` has them, each with its source URL):
 
 * TX1 on L4T 28 (JetPack 3): ``cpu [17%,13%]@408 EMC 1%@408 GR3D 3%@76``.
@@ -37,6 +41,7 @@ import subprocess
 import threading
 import time
 from collections import deque
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -44,7 +49,7 @@ from cuvil_edge.errors import TelemetryError
 from cuvil_edge.telemetry.base import SourceExhausted, TelemetrySource
 from cuvil_edge.telemetry.sample import Sample
 
-__all__ = ["TegrastatsSource", "parse_tegrastats_line", "NON_DIE_SENSORS"]
+__all__ = ["GENERATIONS", "NON_DIE_SENSORS", "Generation", "TegrastatsSource", "parse_tegrastats_line"]
 
 # Sensors whose value is a fixed trip point rather than a die reading (PMIC prints 100C or 50C on
 # TX2/Xavier whatever the load); they stay in temps_c but throttling logic ignores them.
@@ -136,8 +141,227 @@ def _parse_cpus(token: str) -> list[dict[str, float | None] | None]:
     return cores
 
 
+@dataclass(frozen=True)
+class Generation:
+    """One Jetson generation's tegrastats format: the boards, the recorded log, what it adds.
+
+    ``tokens`` are the token names whose handler this generation brought (a handler stays for all
+    later generations that print the token). The table is what ``tests/telemetry`` checks against the
+    recorded logs, and what a new generation adds to (jetson-stats keeps one module per generation).
+    """
+
+    name: str
+    boards: str
+    log: str
+    adds: str
+    tokens: tuple[str, ...] = ()
+
+
+# Oldest first. A line does not say its generation, so every handler is tried on every line.
+GENERATIONS: tuple[Generation, ...] = (
+    Generation("l4t28", "TX1 on L4T 28 (JetPack 3)", "tx1_jp3_l4t28.log",
+               "RAM and SWAP; lower-case cpu [X%,Y%]@F with one cluster frequency; EMC and GR3D without _FREQ",
+               ("RAM", "SWAP", "cpu", "EMC", "GR3D")),
+    Generation("jp4", "TX1, TX2, Nano (JetPack 4)", "tx1_jp4.log",
+               "IRAM, CPU [X%@F,...] with a frequency per core, EMC_FREQ, GR3D_FREQ, NAME@T C, rails in mW "
+               "without a unit (Nano: POM_5V_*)", ("IRAM", "CPU", "EMC_FREQ", "GR3D_FREQ")),
+    Generation("xavier", "AGX Xavier, Xavier NX (JetPack 4.2+)", "xavier_jp4.log",
+               "rails without the VDD_ prefix (GPU 463/463), MTS fg/bg, PMIC trip points", ("MTS",)),
+    Generation("orin", "Orin AGX, NX, Nano (JetPack 5, 6)", "orin_jp6.log",
+               "a leading MM-DD-YYYY HH:MM:SS timestamp, rails in mW, GR3D_FREQ per GPC [F,F], GR3D2_FREQ, "
+               "-256C for a sensor that is off (GR3D2_FREQ is documented, in no recorded line yet)"),
+    Generation("thor", "Thor, Orin on JetPack 7", "thor_jp7.log",
+               "no GPU utilization (GR3D_FREQ @[F,F,F]), EMC_FREQ @F, temperatures current/maximum, rails "
+               "current/average/maximum"),
+)
+
+
+class _Line:
+    """The parse of one line in progress: its tokens, the position, what was read so far."""
+
+    def __init__(self, text: str, sample: Sample) -> None:
+        self.toks = text.split()
+        self.i = 0
+        self.sample = sample
+        self.extra: dict[str, Any] = {}
+        self.unparsed: list[str] = []
+        self.core_fields = 0
+        self.gpc_freqs: list[float | None] = []
+        self.rail_next: dict[str, int] = {}  # next suffix to try per duplicated rail name (linear time)
+
+    def peek(self, k: int = 1) -> str:
+        j = self.i + k
+        return self.toks[j] if j < len(self.toks) else ""
+
+
+# A handler reads the token at ``line.i`` (and maybe the next ones), advances ``line.i`` and returns
+# True; False leaves the token to the next handler. ValueError and OverflowError mark the token
+# unparsed (an absurd number), never the line.
+
+def _ram(line: _Line, tok: str, nxt: str) -> bool:
+    m = _USED_TOTAL_RE.match(nxt)
+    if not m:
+        return False
+    used, total, unit, _ = m.groups()
+    line.sample.ram_used_mb = _num(used) * _UNIT_MB[unit]
+    line.sample.ram_total_mb = _num(total) * _UNIT_MB[unit]
+    line.core_fields += 1
+    line.i += 2
+    if line.peek(0) == "(lfb":
+        lm = _LFB_RE.match(line.peek(1))
+        if lm:
+            line.sample.lfb_count = _count(lm.group(1))
+            line.sample.lfb_size_kb = _num(lm.group(2)) * _UNIT_KB[lm.group(3)]
+            line.i += 2
+    return True
+
+
+def _swap(line: _Line, tok: str, nxt: str) -> bool:
+    m = _USED_TOTAL_RE.match(nxt)
+    if not m:
+        return False
+    used, total, unit, _ = m.groups()
+    line.sample.swap_used_mb = _num(used) * _UNIT_MB[unit]
+    line.sample.swap_total_mb = _num(total) * _UNIT_MB[unit]
+    line.i += 2
+    if line.peek(0) == "(cached":
+        sm = _SIZE_RE.match(line.peek(1))
+        if sm:
+            line.extra["swap_cached_mb"] = _num(sm.group(1)) * _UNIT_MB[sm.group(2)]
+            line.i += 2
+    return True
+
+
+def _iram(line: _Line, tok: str, nxt: str) -> bool:
+    m = _USED_TOTAL_RE.match(nxt)
+    if not m:
+        return False
+    used, total, unit, rest = m.groups()
+    iram: dict[str, Any] = {"used_kb": _num(used) * _UNIT_KB[unit], "total_kb": _num(total) * _UNIT_KB[unit]}
+    line.i += 2
+    if rest.startswith("(lfb"):
+        sm = _SIZE_RE.match(line.peek(0))
+        if sm:
+            iram["lfb_kb"] = _num(sm.group(1)) * _UNIT_KB[sm.group(2)]
+            line.i += 1
+    line.extra["IRAM"] = iram
+    return True
+
+
+def _cpu(line: _Line, tok: str, nxt: str) -> bool:
+    if not nxt.startswith("["):
+        return False
+    try:
+        line.sample.cpus = _parse_cpus(nxt)
+        line.core_fields += 1
+    except ValueError:
+        line.unparsed.extend([tok, nxt])
+    line.i += 2
+    return True
+
+
+def _engine(line: _Line, tok: str, nxt: str) -> bool:
+    tok = _ENGINE_ALIASES[tok]
+    eng = _parse_engine(nxt)
+    if eng is None:
+        line.unparsed.append(tok)
+        line.i += 1
+        return True
+    util, freq, gpcs = eng
+    sample = line.sample
+    if tok == "EMC_FREQ":
+        sample.emc_util_pct, sample.emc_freq_mhz = util, freq
+    else:
+        if tok == "GR3D_FREQ" or sample.gpu_util_pct is None:
+            sample.gpu_util_pct = util if tok == "GR3D_FREQ" else sample.gpu_util_pct
+        if gpcs is not None:
+            line.gpc_freqs.extend(gpcs)
+        elif freq is not None:
+            line.gpc_freqs.append(freq)
+        if tok == "GR3D2_FREQ":
+            line.extra["GR3D2_FREQ"] = nxt
+    line.core_fields += 1
+    line.i += 2
+    return True
+
+
+def _mts(line: _Line, tok: str, nxt: str) -> bool:
+    if nxt != "fg" or line.i + 4 >= len(line.toks) + 1:
+        return False
+    line.extra["MTS"] = {"fg": line.peek(2), "bg": line.peek(4)}
+    line.i += 5
+    return True
+
+
+def _temperature(line: _Line, tok: str, nxt: str) -> bool:
+    tm = _TEMP_RE.match(tok)
+    if not tm:
+        return False
+    name, cur, peak = tm.group(1), float(_num(tm.group(2))), tm.group(3)
+    if cur <= _OFF_TEMP_C:
+        line.extra.setdefault("temps_off", []).append(name)
+    else:
+        line.sample.temps_c[name] = cur
+        if peak is not None:
+            line.extra.setdefault("temps_max_c", {})[name] = float(_num(peak))
+    line.core_fields += 1
+    line.i += 1
+    return True
+
+
+def _rail(line: _Line, tok: str, nxt: str) -> bool:
+    if not (_NAME_RE.match(tok) and nxt):
+        return False
+    rm = _RAIL_RE.match(nxt)
+    if not rm:
+        return False
+    power = line.sample.power_mw
+    rail = tok
+    if rail in power:  # duplicated rail names ("NC 0mW/0mW" twice on Orin)
+        k = line.rail_next.get(tok, 2)
+        while f"{tok}_{k}" in power:
+            k += 1
+        line.rail_next[tok] = k + 1
+        rail = f"{tok}_{k}"
+    cur_mw, avg_mw = _num(rm.group(1)), _num(rm.group(2))
+    max_mw = _num(rm.group(3)) if rm.group(3) is not None else None
+    power[rail] = {"cur": cur_mw, "avg": avg_mw}
+    if max_mw is not None:
+        line.extra.setdefault("power_max_mw", {})[rail] = max_mw
+    line.core_fields += 1
+    line.i += 2
+    return True
+
+
+def _named_value(line: _Line, tok: str, nxt: str) -> bool:
+    """``NAME value`` that no other handler knows (APE 150, NVENC 1600, VIC_FREQ 0%@115): kept in extra."""
+    if not (_NAME_RE.match(tok) and nxt and _VALUE_RE.match(nxt)):
+        return False
+    eng = _parse_engine(nxt)
+    if eng is not None and (eng[0] is not None or eng[1] is not None):
+        util, freq, gpcs = eng
+        val: Any = {"util_pct": util, "freq_mhz": freq}
+        if util is None and gpcs is None:
+            val = freq
+        elif gpcs is not None:
+            val["gpc_freq_mhz"] = gpcs
+    elif re.fullmatch(r"-?\d+(?:\.\d+)?", nxt):
+        val = _num(nxt)
+    else:
+        val = nxt
+    line.extra[tok] = val
+    line.i += 2
+    return True
+
+
+# Token name -> handler; then the handlers that recognise a token by its shape, in order.
+_BY_NAME: dict[str, Any] = {"RAM": _ram, "SWAP": _swap, "IRAM": _iram, "CPU": _cpu, "cpu": _cpu, "MTS": _mts,
+                            **{alias: _engine for alias in _ENGINE_ALIASES}}
+_BY_SHAPE = (_temperature, _rail, _named_value)
+
+
 def parse_tegrastats_line(line: str, *, now: float | None = None, source: str = "tegrastats") -> Sample:
-    """Parse one tegrastats line of any Jetson generation into a :class:`Sample`.
+    """Parse one tegrastats line of any Jetson generation (:data:`GENERATIONS`) into a :class:`Sample`.
 
     Args:
         line (str): one line of tegrastats output (trailing newline allowed).
@@ -151,6 +375,27 @@ def parse_tegrastats_line(line: str, *, now: float | None = None, source: str = 
     Raises:
         TelemetryError: the line is empty or has nothing tegrastats prints.
     """
+    text, timestamp = _split_timestamp(line, now)
+    state = _Line(text, Sample(timestamp=timestamp, source=source))
+    while state.i < len(state.toks):
+        tok, nxt, start = state.toks[state.i], state.peek(), state.i
+        try:
+            named = _BY_NAME.get(tok)
+            if named is not None and named(state, tok, nxt):
+                continue
+            if any(handler(state, tok, nxt) for handler in _BY_SHAPE):
+                continue
+            state.unparsed.append(tok)
+            state.i += 1
+        except (ValueError, OverflowError):
+            # An absurd number in this token: no reading; the rest of the line still parses.
+            state.unparsed.append(tok)
+            state.i = start + 1
+    return _finish(state, text)
+
+
+def _split_timestamp(line: str, now: float | None) -> tuple[str, float]:
+    """The line without Orin's leading ``MM-DD-YYYY HH:MM:SS``, and the time it stands for."""
     text = line.strip()
     if not text:
         raise TelemetryError("empty line: expected a tegrastats line such as 'RAM 2020/7852MB ...'")
@@ -163,159 +408,24 @@ def parse_tegrastats_line(line: str, *, now: float | None = None, source: str = 
         except ValueError as exc:
             raise TelemetryError(f"bad tegrastats timestamp '{m.group(0).strip()}': {exc}") from exc
         text = text[m.end():]
+    return text, timestamp
 
-    sample = Sample(timestamp=timestamp, source=source)
-    extra: dict[str, Any] = {}
-    unparsed: list[str] = []
-    core_fields = 0
-    gpc_freqs: list[float | None] = []
-    rail_next: dict[str, int] = {}  # next suffix to try per duplicated rail name (linear time)
-    toks = text.split()
-    i = 0
-    n = len(toks)
 
-    def peek(k: int = 1) -> str:
-        return toks[i + k] if i + k < n else ""
-
-    while i < n:
-        tok = toks[i]
-        nxt = peek()
-        start = i
-        try:
-            if tok == "RAM" and _USED_TOTAL_RE.match(nxt):
-                used, total, unit, _ = _USED_TOTAL_RE.match(nxt).groups()  # type: ignore[union-attr]
-                sample.ram_used_mb = _num(used) * _UNIT_MB[unit]
-                sample.ram_total_mb = _num(total) * _UNIT_MB[unit]
-                core_fields += 1
-                i += 2
-                if peek(0) == "(lfb":
-                    lm = _LFB_RE.match(peek(1))
-                    if lm:
-                        sample.lfb_count = _count(lm.group(1))
-                        sample.lfb_size_kb = _num(lm.group(2)) * _UNIT_KB[lm.group(3)]
-                        i += 2
-                continue
-            if tok == "SWAP" and _USED_TOTAL_RE.match(nxt):
-                used, total, unit, _ = _USED_TOTAL_RE.match(nxt).groups()  # type: ignore[union-attr]
-                sample.swap_used_mb = _num(used) * _UNIT_MB[unit]
-                sample.swap_total_mb = _num(total) * _UNIT_MB[unit]
-                i += 2
-                if peek(0) == "(cached":
-                    sm = _SIZE_RE.match(peek(1))
-                    if sm:
-                        extra["swap_cached_mb"] = _num(sm.group(1)) * _UNIT_MB[sm.group(2)]
-                        i += 2
-                continue
-            if tok == "IRAM" and _USED_TOTAL_RE.match(nxt):
-                used, total, unit, rest = _USED_TOTAL_RE.match(nxt).groups()  # type: ignore[union-attr]
-                iram: dict[str, Any] = {"used_kb": _num(used) * _UNIT_KB[unit], "total_kb": _num(total) * _UNIT_KB[unit]}
-                i += 2
-                if rest.startswith("(lfb"):
-                    sm = _SIZE_RE.match(peek(0))
-                    if sm:
-                        iram["lfb_kb"] = _num(sm.group(1)) * _UNIT_KB[sm.group(2)]
-                        i += 1
-                extra["IRAM"] = iram
-                continue
-            if tok in ("CPU", "cpu") and nxt.startswith("["):  # "cpu" on L4T 28
-                try:
-                    sample.cpus = _parse_cpus(nxt)
-                    core_fields += 1
-                except ValueError:
-                    unparsed.extend([tok, nxt])
-                i += 2
-                continue
-            if tok in _ENGINE_ALIASES:
-                tok = _ENGINE_ALIASES[tok]
-                eng = _parse_engine(nxt)
-                if eng is None:
-                    unparsed.append(tok)
-                    i += 1
-                    continue
-                util, freq, gpcs = eng
-                if tok == "EMC_FREQ":
-                    sample.emc_util_pct, sample.emc_freq_mhz = util, freq
-                else:
-                    if tok == "GR3D_FREQ" or sample.gpu_util_pct is None:
-                        sample.gpu_util_pct = util if tok == "GR3D_FREQ" else sample.gpu_util_pct
-                    if gpcs is not None:
-                        gpc_freqs.extend(gpcs)
-                    elif freq is not None:
-                        gpc_freqs.append(freq)
-                    if tok == "GR3D2_FREQ":
-                        extra["GR3D2_FREQ"] = nxt
-                core_fields += 1
-                i += 2
-                continue
-            if tok == "MTS" and nxt == "fg" and i + 4 < n + 1:
-                extra["MTS"] = {"fg": peek(2), "bg": peek(4)}
-                i += 5
-                continue
-            tm = _TEMP_RE.match(tok)
-            if tm:
-                name, cur, peak = tm.group(1), float(_num(tm.group(2))), tm.group(3)
-                if cur <= _OFF_TEMP_C:
-                    extra.setdefault("temps_off", []).append(name)
-                else:
-                    sample.temps_c[name] = cur
-                    if peak is not None:
-                        extra.setdefault("temps_max_c", {})[name] = float(_num(peak))
-                core_fields += 1
-                i += 1
-                continue
-            if _NAME_RE.match(tok) and nxt:
-                rm = _RAIL_RE.match(nxt)
-                if rm:
-                    rail = tok
-                    if rail in sample.power_mw:  # duplicated rail names ("NC 0mW/0mW" twice on Orin)
-                        k = rail_next.get(tok, 2)
-                        while f"{tok}_{k}" in sample.power_mw:
-                            k += 1
-                        rail_next[tok] = k + 1
-                        rail = f"{tok}_{k}"
-                    cur_mw, avg_mw = _num(rm.group(1)), _num(rm.group(2))
-                    max_mw = _num(rm.group(3)) if rm.group(3) is not None else None
-                    sample.power_mw[rail] = {"cur": cur_mw, "avg": avg_mw}
-                    if max_mw is not None:
-                        extra.setdefault("power_max_mw", {})[rail] = max_mw
-                    core_fields += 1
-                    i += 2
-                    continue
-                if _VALUE_RE.match(nxt):
-                    eng = _parse_engine(nxt)
-                    if eng is not None and (eng[0] is not None or eng[1] is not None):
-                        util, freq, gpcs = eng
-                        val: Any = {"util_pct": util, "freq_mhz": freq}
-                        if util is None and gpcs is None:
-                            val = freq
-                        elif gpcs is not None:
-                            val["gpc_freq_mhz"] = gpcs
-                    elif re.fullmatch(r"-?\d+(?:\.\d+)?", nxt):
-                        val = _num(nxt)
-                    else:
-                        val = nxt
-                    extra[tok] = val
-                    i += 2
-                    continue
-            unparsed.append(tok)
-            i += 1
-        except (ValueError, OverflowError):
-            # An absurd number in this token: no reading; the rest of the line still parses.
-            unparsed.append(tok)
-            i = start + 1
-
-    if gpc_freqs:
-        known = [f for f in gpc_freqs if f is not None]
+def _finish(state: _Line, text: str) -> Sample:
+    """The GPU clock from the GPC clocks, the leftovers in ``extra``; a line with nothing known fails."""
+    sample, extra = state.sample, state.extra
+    if state.gpc_freqs:
+        known = [f for f in state.gpc_freqs if f is not None]
         sample.gpu_freq_mhz = max(known) if known else None
-        if len(gpc_freqs) > 1:
-            extra["gpc_freq_mhz"] = gpc_freqs
-    if core_fields == 0:
+        if len(state.gpc_freqs) > 1:
+            extra["gpc_freq_mhz"] = state.gpc_freqs
+    if state.core_fields == 0:
         shown = text if len(text) <= 80 else text[:77] + "..."
         raise TelemetryError(
             f"not a tegrastats line (no RAM, CPU, EMC_FREQ, GR3D_FREQ, temperature or power rail): '{shown}'"
         )
-    if unparsed:
-        extra["unparsed"] = unparsed
+    if state.unparsed:
+        extra["unparsed"] = state.unparsed
     sample.extra = extra
     return sample
 

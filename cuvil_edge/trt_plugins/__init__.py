@@ -178,13 +178,10 @@ def register_python_plugins() -> list[str]:
         ModelError: tensorrt (with ``tensorrt.plugin``) is missing or too old; the message names
             ``pip install cuvil-edge[jetson]``.
     """
-    try:
-        import tensorrt.plugin  # noqa: F401
-    except ImportError as exc:
-        raise ModelError(
-            "TensorRT Python plugins need tensorrt >= 10.6 with tensorrt.plugin "
-            f"({exc}); on the device run: pip install cuvil-edge[jetson]"
-        ) from exc
+    from cuvil_edge._optional import optional_import
+
+    optional_import("tensorrt.plugin", needed_for="TensorRT Python plugins (tensorrt >= 10.6 with tensorrt.plugin)",
+                    install="on the device run: pip install cuvil-edge[jetson]", error=ModelError)
     from cuvil_edge.trt_plugins import _python
 
     return list(_python.register())

@@ -18,6 +18,7 @@ tested there through :func:`cuvil_edge.trt_plugins.output_shapes` and ``kernels`
 import threading
 from typing import Any, Tuple  # noqa: UP035 - the tensorrt.plugin docs spell it Tuple
 
+from cuvil_edge._optional import optional_import
 from cuvil_edge.errors import ModelError
 from cuvil_edge.trt_plugins import get_plugin, kernels
 
@@ -28,12 +29,9 @@ _REGISTERED: Tuple[str, ...] = ()  # noqa: UP006
 
 
 def _cupy() -> Any:
-    try:
-        import cupy
-    except ImportError as exc:
-        raise ModelError(f"the cuvil-edge Python TensorRT plugins compute with CuPy ({exc}); "
-                         "install the CuPy wheel matching the device's CUDA (e.g. cupy-cuda12x)") from exc
-    return cupy
+    return optional_import("cupy", needed_for="the cuvil-edge Python TensorRT plugins (they compute with CuPy)",
+                           install="install the CuPy wheel matching the device's CUDA (e.g. cupy-cuda12x)",
+                           error=ModelError)
 
 
 def register() -> Tuple[str, ...]:  # noqa: UP006

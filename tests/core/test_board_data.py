@@ -105,3 +105,53 @@ class TestDeviceTree:
     def test_every_nvidia_module_names_its_device_tree_model(self):
         for target in all_targets().values():
             assert bool(target.device_tree_model) == target.has_gpu, target.name
+
+
+class TestANewBoardIsOneTableEntry:
+    """The CONTRIBUTING walkthrough "add a board": one [boards.NAME] table, nothing in code."""
+
+    NEW = '''
+[boards.example-orin-module]
+title = "Example Orin module (a board added as data)"
+arch = "aarch64"
+cpu = "Cortex-A78AE"
+cpu_cores = 6
+isa = ["neon"]
+sve_vector_bytes = 0
+ram_gb = 8
+mem_type = "LPDDR5"
+mem_bandwidth_gbs = 68.0
+gpu = "Ampere"
+gpu_sm = "8.7"
+gpu_sm_count = 8
+integrated_gpu = true
+dla_cores = 0
+jetpack = ["6.2"]
+device_tree_model = "Example Orin Module"
+source = "test: a board added as data"
+
+[boards.example-orin-module.clocks_power]
+gpu_max_mhz = 1020
+cpu_max_mhz = 1728
+emc_max_mhz = 3199
+idle_mw = 3000
+max_mw = 25000
+rails = ["VDD_IN", "VDD_CPU_GPU_CV", "VDD_SOC"]
+source = "test"
+'''
+
+    def test_the_data_alone_makes_it_known_to_targets_deploy_telemetry_and_recipes(self, monkeypatch):
+        from cuvil_edge import targets
+        from cuvil_edge.recipes import recipe_from_dict
+        from cuvil_edge.telemetry.sim import SimulatedBoard
+
+        boards = _parse(loads_toml(DATA + self.NEW))
+        monkeypatch.setattr(targets, "all_targets", lambda: boards)
+        new = targets.get_target("example-orin-module")
+        assert new.runtime_format == "tensorrt" and new.releases[0].jetpack == "6.2"
+        assert targets.profile_for_device_tree("NVIDIA Example Orin Module Developer Kit", 7600) == new.name
+        sample = SimulatedBoard(new, speed=0).read()
+        assert list(sample.power_mw)[0] == "VDD_IN" and sample.ram_total_mb > 7000
+        recipe = recipe_from_dict({"name": "m", "model": {"source": "m.onnx"},
+                                   "target": {"board": "example-orin-module", "precision": "int8"}}, "test")
+        assert recipe.target == "example-orin-module"

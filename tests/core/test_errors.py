@@ -29,7 +29,7 @@ def _exception_classes() -> dict[str, type[BaseException]]:
 
 def test_the_walk_finds_the_classes_outside_errors_py():
     outside = {k for k in _exception_classes() if not k.startswith("cuvil_edge.errors:")}
-    assert {"cuvil_edge.daemon.kserve:BadRequest", "cuvil_edge.deploy.transport:Unreachable",
+    assert {"cuvil_edge.daemon.infer:BadRequest", "cuvil_edge.deploy.transport:Unreachable",
             "cuvil_edge.runtime.trt.tensorrt_import:TensorRTMissing"} <= outside
     assert len(outside) >= 11
 
@@ -48,7 +48,7 @@ def test_every_exception_is_drawn_in_the_tree():
 
 @pytest.mark.parametrize(("where", "name", "base"), [
     ("cuvil_edge.daemon.kserve", "BadRequest", DaemonError),
-    ("cuvil_edge.deploy.health", "_HTTPFailure", DeployError),
+    ("cuvil_edge.deploy.health", "DaemonHTTPFailure", DeployError),
     ("cuvil_edge.daemon.grpc_server", "RpcFailure", DaemonError),
 ])
 def test_rebased_classes_keep_their_home_and_behaviour(where, name, base):

@@ -27,8 +27,9 @@ EXPORTS: dict[str, list[str]] = {
         "TargetError", "TelemetryError", "__version__"
     ],
     "cuvil_edge.bundle.engine_store": [
-        "DeviceIdentity", "EngineError", "EngineRecord", "EngineStore", "RECORD_FORMAT", "device_identity",
-        "host_engine_cache", "key_for_facts", "plan_matches_device", "sha256_bytes", "sha256_file"
+        "DeviceIdentity", "EngineError", "EngineRecord", "EngineStore", "MAX_RECORD_BYTES", "RECORD_FORMAT",
+        "RecordInvalid", "device_identity", "host_engine_cache", "key_for_facts", "plan_matches_device",
+        "sha256_bytes", "sha256_file"
     ],
     "cuvil_edge.daemon.accept": [
         "Acceptor", "BUSY_ANSWER", "FULL_ANSWER", "connection_cap", "listen_tcp", "listen_unix"
@@ -40,18 +41,24 @@ EXPORTS: dict[str, list[str]] = {
         "DEFAULT_GRPC_PORT", "GrpcFrontend", "RpcFailure", "decode_grpc_infer", "grpc_address"
     ],
     "cuvil_edge.daemon.http": ["HttpProtocol", "Request", "STATUS_LINES", "json_error"],
-    "cuvil_edge.daemon.kserve": [
-        "App", "BadRequest", "EXTENSIONS", "MemoryRefused", "decode_infer", "model_config_doc",
-        "model_metadata_doc"
+    "cuvil_edge.daemon.infer": [
+        "BadRequest", "InferenceCore", "MemoryRefused", "Outcome", "Refusal", "batch_key", "check_input_header",
+        "classify", "complete_inputs", "serialize_bytes"
     ],
+    "cuvil_edge.daemon.kserve": ["App", "EXTENSIONS", "decode_infer", "model_config_doc", "model_metadata_doc"],
     "cuvil_edge.daemon.limits": [
-        "JsonRefused", "Limits", "bearer_ok", "finite_json_list", "json_depth", "loads_limited"
+        "ANSWERS_FULL", "ANSWER_WINDOW", "JsonRefused", "Limits", "MAX_ECHO", "MAX_ERROR", "answer_bytes",
+        "bearer_ok", "finite_json_list", "json_depth", "loads_limited", "printable"
     ],
     "cuvil_edge.daemon.main": ["main"],
     "cuvil_edge.daemon.metrics": ["ModelStats", "render_prometheus"],
-    "cuvil_edge.daemon.models": ["ModelEntry", "ModelInstance", "ModelRegistry", "UnknownModel"],
+    "cuvil_edge.daemon.models": [
+        "ModelEntry", "ModelInstance", "ModelRegistry", "ModelUnavailable", "UnknownModel", "io_bytes_per_item"
+    ],
     "cuvil_edge.daemon.pipeline": [
-        "DETECTIONS", "IMAGE_INPUT", "NUM_DETECTIONS", "Pipeline", "TOPK_CLASSES", "TOPK_SCORES", "kernels"
+        "DETECTIONS", "DETECTIONS_MODEL", "IMAGE_INPUT", "NUM_DETECTIONS", "Pipeline", "TOPK_CLASSES", "TOPK_SCORES",
+        "kernels",
+        "top_k"
     ],
     "cuvil_edge.daemon.resources": ["Resources"],
     "cuvil_edge.daemon.scheduler": [
@@ -59,6 +66,7 @@ EXPORTS: dict[str, list[str]] = {
         "PrefetchDecision", "PressureLevel", "PressureThresholds", "Reservation", "placement_policy"
     ],
     "cuvil_edge.daemon.server": ["STARTUP_FAILURE", "Server", "ServerState"],
+    "cuvil_edge.daemon.state": ["ServerState"],
     "cuvil_edge.daemon.shm": [
         "CUDA_SHM_UNSUPPORTED", "OutputTarget", "SharedMemoryError", "SharedMemoryRegistry", "ShmRegion",
         "shm_params", "shm_route"
@@ -69,9 +77,10 @@ EXPORTS: dict[str, list[str]] = {
     ],
     "cuvil_edge.deploy": [
         "DeployOptions", "DeviceAddress", "DeviceBusy", "DeviceFacts", "DeviceResult", "FleetReport",
-        "IncompatibleDevice", "InstallResult", "PreparedBundle", "RolloutPolicy", "SSHTransport", "Unreachable",
-        "check_compatible", "deploy_device", "device_status", "install_daemon", "load_inventory",
-        "parse_address", "prepare_bundle", "probe_device", "rollback_device", "rollout", "run_sync"
+        "IncompatibleDevice", "InstallResult", "LocalTransport", "PreparedBundle", "RolloutPolicy", "SSHTransport",
+        "TRANSPORTS", "Transport", "Unreachable", "check_compatible", "deploy_device", "device_status",
+        "install_daemon", "load_inventory", "open_transport", "parse_address", "prepare_bundle", "probe_device",
+        "rollback_device", "rollout", "run_sync", "select_devices",
     ],
     "cuvil_edge.deploy.engines": [
         "BundleEngineSource", "EngineOutcome", "choose_plan", "ensure_engine", "ensure_engines"
@@ -91,7 +100,9 @@ EXPORTS: dict[str, list[str]] = {
         "DynamicInput", "InspectReport", "NodeSupport", "dla_available", "inspect_model",
         "optimization_profiles", "parser_snapshot", "render_inspect_table", "trt_op_status"
     ],
-    "cuvil_edge.packager.profiles": ["DynamicInput", "dynamic_inputs", "optimization_profiles"],
+    "cuvil_edge.packager.profiles": [
+        "DynamicInput", "dynamic_inputs", "missing_profile_message", "optimization_profiles", "profile_shapes"
+    ],
     "cuvil_edge.packager.trt_support": [
         "PLUGIN", "SUPPORTED", "UNSUPPORTED", "UNVERIFIED", "op_tables", "parser_restriction",
         "parser_snapshot", "trt_op_status"
@@ -136,7 +147,8 @@ def _modules() -> list[str]:
 @pytest.mark.parametrize("name", sorted(EXPORTS))
 def test_pinned_exports(name: str) -> None:
     module = importlib.import_module(name)
-    assert sorted(module.__all__) == sorted(EXPORTS[name])
+    assert sorted(module.__all__) == sorted(EXPORTS[name]), (
+        f"{name}.__all__ changed: update EXPORTS in tests/core/test_exported_members.py if that is meant")
 
 
 def test_every_module_declares_all_and_its_names_resolve() -> None:

@@ -13,9 +13,11 @@ import cuvil_edge
 from cuvil_edge import _layers
 from cuvil_edge._layers import (
     LAYERS,
+    import_cycles,
     import_edges,
     layer_of,
     mermaid,
+    private_imports,
     replace_picture,
     stale_allowances,
     violations,
@@ -63,6 +65,31 @@ class TestThePackage:
 
     def test_the_runtime_no_longer_imports_the_packager(self, edges):
         assert [str(e) for e in edges if e.source_unit == "runtime" and e.target_unit == "packager"] == []
+
+    def test_no_module_imports_a_private_name_of_another(self):
+        assert private_imports(PACKAGE) == []
+
+    def test_no_import_cycle(self):
+        assert import_cycles(PACKAGE) == []
+
+
+class TestPrivateNamesAndCycles:
+    def test_a_private_name_from_another_module_fails(self, tree):
+        _plant(tree, "deploy/fleet.py", "from cuvil_edge.deploy.health import _sample  # noqa")
+        _plant(tree, "deploy/probe.py", "from .transport import _reason  # noqa")
+        problems = "\n".join(private_imports(tree))
+        assert "deploy/fleet.py" in problems and "private name _sample of cuvil_edge.deploy.health" in problems
+        assert "deploy/probe.py" in problems and "_reason of cuvil_edge.deploy.transport" in problems
+
+    def test_a_package_importing_its_private_submodule_is_fine(self, tree):
+        _plant(tree, "deploy/fleet.py", "from cuvil_edge.trt_plugins import _python  # noqa")
+        assert private_imports(tree) == []
+
+    def test_a_lazy_cycle_inside_one_unit_fails(self, tree):
+        path = tree / "deploy/upload.py"
+        path.write_text(path.read_text("utf-8") + "\n\ndef _late():\n    from cuvil_edge.deploy import fleet  # noqa\n")
+        cycles = import_cycles(tree)
+        assert any("cuvil_edge.deploy.upload" in c and "cuvil_edge.deploy.fleet" in c for c in cycles), cycles
 
 
 class TestPlantedImports:

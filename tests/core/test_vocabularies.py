@@ -115,3 +115,40 @@ class TestTelemetrySources:
             check_spec("nvml")
         with pytest.raises(TelemetryError, match="does not exist"):
             check_spec(f"replay:{tmp_path / 'missing.log'}")
+
+
+class TestAddingANameIsOneEntry:
+    """The CONTRIBUTING walkthroughs: a new calibration method or telemetry source is one table entry
+    (plus its implementation), and every reader of the vocabulary picks it up."""
+
+    def test_a_new_calibration_method(self, monkeypatch):
+        from cuvil_edge import recipes
+
+        def p999(stats, symmetric, percentile):
+            return calibrate.RANGE_METHODS["percentile"](stats, symmetric, 99.9)
+
+        monkeypatch.setitem(recipes.CALIBRATION_METHODS, "p999", "the 99.9th percentile of |x|")
+        monkeypatch.setitem(calibrate.RANGE_METHODS, "p999", p999)
+        monkeypatch.setitem(calibrate.ORT_CACHE_METHOD, "p999", "Percentile")
+        rec = recipe_from_dict({"name": "m", "model": {"source": "m.onnx"}, "calibration": {"method": "p999"},
+                                "target": {"board": "generic-arm64", "precision": "int8"}}, "test")
+        assert rec.calibration_method == "p999"
+        collector = calibrate.RangeCollector()
+        x = np.random.default_rng(1).standard_normal(100_000).astype(np.float32)
+        collector.add("x", x)
+        lo, hi = collector.ranges("p999", symmetric=True)["x"]
+        assert abs(hi - np.percentile(np.abs(x), 99.9)) < 0.05 and lo == -hi
+        assert "p999" in recipes.choices(recipes.CALIBRATION_METHODS)
+
+    def test_a_new_telemetry_source(self, monkeypatch, tmp_path):
+        from cuvil_edge.telemetry import monitor
+        from cuvil_edge.telemetry.replay import ReplaySource
+
+        log = REPO / "tests" / "data" / "tegrastats" / "xavier_jp4.log"
+        kind = monitor.SourceKind("xavier-demo", "a recorded Xavier at full speed",
+                                  lambda arg, interval, kw: ReplaySource(str(log), speed=0, interval_s=interval))
+        monkeypatch.setitem(monitor.SOURCE_KINDS, "xavier-demo", kind)
+        assert "xavier-demo" in monitor.source_usage()
+        check_spec("xavier-demo")
+        with open_source("xavier-demo") as source:
+            assert source.read().ram_total_mb > 0

@@ -90,6 +90,7 @@ def test_memory_pressure_is_resource_exhausted_with_a_retry_hint(store, daemon_f
     d = daemon_factory(store, "--board", "orin-nano-8gb", "--tick", "0.1", "--telemetry", f"replay:{log}")
     seen: list[str] = []
     retry: dict[str, str] = {}
+    away: dict[str, str] = {}
     deadline = time.monotonic() + 45
     with grpc.insecure_channel(d.grpc_url) as ch:
         stub = GRPCInferenceServiceStub(ch)
@@ -102,6 +103,9 @@ def test_memory_pressure_is_resource_exhausted_with_a_retry_hint(store, daemon_f
                 if exc.code() == grpc.StatusCode.RESOURCE_EXHAUSTED:
                     assert "memory pressure" in exc.details() and "retry in" in exc.details()
                     retry = dict(exc.trailing_metadata() or ())
+                if exc.code() == grpc.StatusCode.UNAVAILABLE:
+                    assert "unloaded under memory pressure" in exc.details()
+                    away = dict(exc.trailing_metadata() or ())
             if not seen or seen[-1] != code:
                 seen.append(code)
             if "RESOURCE_EXHAUSTED" in seen and code != "RESOURCE_EXHAUSTED":
@@ -110,8 +114,10 @@ def test_memory_pressure_is_resource_exhausted_with_a_retry_hint(store, daemon_f
     assert "RESOURCE_EXHAUSTED" in seen, seen
     assert int(retry["retry-after"]) >= 1
     assert int(retry["grpc-retry-pushback-ms"]) == 1000 * int(retry["retry-after"])
-    # As over HTTP: the ladder unloaded the idle model on its way to REJECT (unknown model now).
-    assert seen[-1] == "NOT_FOUND", seen
+    # As over HTTP: the ladder unloaded the idle model on its way to REJECT; while it is away the
+    # answer is UNAVAILABLE with a retry hint (it comes back by itself), never NOT_FOUND.
+    assert seen[-1] == "UNAVAILABLE", seen
+    assert int(away["retry-after"]) >= 1
 
 
 class TestListening:

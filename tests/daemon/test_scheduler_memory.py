@@ -119,7 +119,8 @@ class TestAdmission:
         assert deeper - est == 4096 * 8 * 4
 
     def test_estimate_footprint_of_a_bundle_dir(self, tiny_onnx: Path) -> None:
-        (tiny_onnx.parent / "manifest.json").write_text(json.dumps({"model": "model.onnx"}))
+        (tiny_onnx.parent / "manifest.json").write_text(json.dumps(
+            {"name": "tiny", "version": "1", "inputs": [], "outputs": [], "model": tiny_onnx.name}))
         a = MemoryScheduler.estimate_footprint(tiny_onnx.parent, 1, 1, 10, workspace_bytes=0)
         assert a == tiny_onnx.stat().st_size + 20
         with pytest.raises(DaemonError, match="no such model file"):

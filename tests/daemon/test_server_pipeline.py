@@ -107,3 +107,47 @@ def test_detection_postprocess(use_kernel, monkeypatch):
     np.testing.assert_allclose(dets[0], [40, 40, 60, 60, 0.9, 0], atol=1e-5)
     np.testing.assert_allclose(dets[1], [135, 75, 165, 85, 0.7, 1], atol=1e-5)
     assert not dets[2:].any()
+
+
+def _constant_detector(path):
+    """A real ONNX detector whose every anchor sees one box, cx 32 cy 32 w 20 h 10 (model pixels)."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    anchors = np.tile(np.array([[32, 32, 20, 10, 0.9]], np.float32), (8, 1))[None]  # [1, 8, 4+1]
+    nodes = [helper.make_node("ReduceMean", ["images"], ["m"], axes=[1, 2, 3], keepdims=1),
+             helper.make_node("Mul", ["m", "zero"], ["z"]),
+             helper.make_node("Reshape", ["z", "shape"], ["z3"]),
+             helper.make_node("Add", ["z3", "anchors"], ["output0"])]
+    graph = helper.make_graph(
+        nodes, "det", [helper.make_tensor_value_info("images", TensorProto.FLOAT, ["N", 3, 64, 64])],
+        [helper.make_tensor_value_info("output0", TensorProto.FLOAT, ["N", 8, 5])],
+        [numpy_helper.from_array(np.zeros((), np.float32), "zero"),
+         numpy_helper.from_array(np.array([-1, 1, 1], np.int64), "shape"),
+         numpy_helper.from_array(anchors, "anchors")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    onnx.save(model, str(path))
+    return path
+
+
+def test_detections_come_back_in_the_clients_image_coordinates(tmp_path, bundle_maker, installer, daemon_factory):
+    import tritonclient.http as httpclient
+
+    store = tmp_path / "store"
+    store.mkdir()
+    installer(store, bundle_maker(
+        tmp_path / "det", _constant_detector(tmp_path / "det.onnx"), "det", "1.0.0",
+        preprocess={"kind": "image", "size": [64, 64], "letterbox": True, "mean": [0, 0, 0], "std": [255, 255, 255]},
+        postprocess={"kind": "detection", "box_format": "cxcywh", "score_threshold": 0.25, "iou_threshold": 0.45,
+                     "max_detections": 4}))
+    d = daemon_factory(store)
+    img = np.zeros((32, 128, 3), np.uint8)  # letterboxed: scale 0.5, 16 x 64 at top 24, left 0
+    inp = httpclient.InferInput("image", list(img.shape), "UINT8")
+    inp.set_data_from_numpy(img)
+    outs = [httpclient.InferRequestedOutput(n) for n in ("detections", "detections_model", "num_detections")]
+    res = d.client().infer("det", [inp], outputs=outs)
+    assert res.as_numpy("num_detections").tolist() == [1]
+    np.testing.assert_allclose(res.as_numpy("detections_model")[0, 0, :4], [22, 27, 42, 37])
+    np.testing.assert_allclose(res.as_numpy("detections")[0, 0, :4], [44, 6, 84, 26])
+    assert not res.as_numpy("detections")[0, 1:].any()

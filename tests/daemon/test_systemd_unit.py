@@ -75,6 +75,18 @@ class TestDirectives:
         jp6 = {"/dev/nvgpu/igpu0/ctrl", "/dev/nvgpu/igpu0/channel", "/dev/nvgpu/igpu0/as", "/dev/nvmap"}
         assert jp5 <= allowed and jp6 <= allowed
 
+    def test_every_node_cuda_opens_on_l4t36_is_allowed(self) -> None:
+        """CUDA on Orin (JetPack 6) opens host1x-fence and the render node too; without them in the
+        device cgroup cuInit fails and every engine silently falls back to the CPU."""
+        from cuvil_edge.runtime.cuda_standin import L4T36_CUDA_NODES
+
+        d = directives(UNIT.read_text())
+        allowed = {v.split()[0]: v.split()[1] for v in d["Service.DeviceAllow"]}
+        for node in L4T36_CUDA_NODES:
+            assert allowed.get(node) == "rw", node
+        # /dev/dri/renderD128 is root:render 0660 on L4T 36; the GPU nodes root:video.
+        assert {"video", "render"} <= set(" ".join(d["Service.SupplementaryGroups"]).split())
+
     def test_exec_start_flags_are_the_daemons(self) -> None:
         """The flags in ExecStart parse with cuvil-edged's own option parser."""
         from cuvil_edge.daemon.config import build_parser

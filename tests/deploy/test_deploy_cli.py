@@ -62,6 +62,11 @@ class TestDeployCommands:
         a = lab.address(dev)
         args = ["--to", f"root@127.0.0.1:{dev.port}", "--identity", a.identity, "--known-hosts", a.known_hosts,
                 "--root", a.root]
+        # The unit's ExecStart must exist on the board (a unit pointing nowhere fails at boot).
+        assert main(["install-daemon", *args]) == 1
+        assert "/usr/local/bin/cuvil-edged, which is not on the board" in capsys.readouterr().out
+        (dev.root / "usr/local/bin").mkdir(parents=True, exist_ok=True)
+        (dev.root / "usr/local/bin/cuvil-edged").write_text("#!/bin/sh\n")
         assert main(["install-daemon", *args]) == 0
         unit = dev.root / "etc/systemd/system/cuvil-edged.service"
         from cuvil_edge.deploy.install import default_unit, wanted_by
@@ -73,6 +78,15 @@ class TestDeployCommands:
         assert "installed" in capsys.readouterr().out
         assert main(["install-daemon", *args, "--json"]) == 0
         assert json.loads(capsys.readouterr().out)[0]["status"] == "unchanged"
+        dropin = dev.root / "etc/systemd/system/cuvil-edged.service.d/jtop.conf"
+        assert not dropin.exists()  # no jtop group on this board: a drop-in naming it would fail the unit
+        (dev.root / "etc/group").write_text("root:x:0:\nvideo:x:44:\njtop:x:998:\n")
+        assert main(["install-daemon", *args, "--json"]) == 0
+        assert json.loads(capsys.readouterr().out)[0]["status"] == "installed"
+        assert "SupplementaryGroups=jtop" in dropin.read_text()
+        (dev.root / "etc/group").write_text("root:x:0:\nvideo:x:44:\n")  # jetson-stats removed
+        assert main(["install-daemon", *args, "--json"]) == 0
+        assert not dropin.exists()
 
 
 def test_install_daemon_custom_unit_and_bad_unit(lab, tmp_path, capsys):
@@ -81,6 +95,8 @@ def test_install_daemon_custom_unit_and_bad_unit(lab, tmp_path, capsys):
     args = ["--to", f"root@127.0.0.1:{dev.port}", "--identity", a.identity, "--known-hosts", a.known_hosts,
             "--root", a.root]
     unit = tmp_path / "cuvil-edged.service"
+    (dev.root / "usr/bin").mkdir(parents=True, exist_ok=True)
+    (dev.root / "usr/bin/cuvil-edged").write_text("#!/bin/sh\n")
     unit.write_text("[Unit]\nDescription=x\n[Service]\nExecStart=/usr/bin/cuvil-edged\n"
                     "[Install]\nWantedBy=multi-user.target graphical.target\n")
     assert main(["install-daemon", *args, "--unit", str(unit)]) == 0
@@ -151,3 +167,37 @@ def test_deploy_console_through_a_cut_link_is_quiet(lab, bundles, deploy_keys, t
     assert [ln.split(": ", 1)[1].split()[0] for ln in lines] == ["probe", "upload", "extract", "activate", "link",
                                                                 "deployed"], out
     assert "PASSED" in out and os.readlink(dev.store / "bundles/digits/current") == "1.5.0"
+
+
+def test_install_daemon_from_host_wheels_into_a_venv(lab, tmp_path, capsys):
+    """Offline: the host's wheel goes into a venv that sees the system site-packages; the unit runs it."""
+    from hil.project import build_wheel  # the wheel the HIL rig puts on the emulated board
+
+    wheels = tmp_path / "wheels"
+    build_wheel(wheels)
+    dev = lab.device("dev0", daemon=False)
+    a = lab.address(dev)
+    args = ["--to", f"root@127.0.0.1:{dev.port}", "--identity", a.identity, "--known-hosts", a.known_hosts,
+            "--root", a.root, "--wheels", str(wheels), "--no-deps", "--json"]
+    assert main(["install-daemon", *args]) == 0
+    out = json.loads(capsys.readouterr().out)[0]
+    assert (out["status"], out["venv"], out["exec_start"]) == ("installed", "/opt/cuvil-edge/venv",
+                                                               "/opt/cuvil-edge/venv/bin/cuvil-edged")
+    venv = dev.root / "opt/cuvil-edge/venv"
+    assert "include-system-site-packages = true" in (venv / "pyvenv.cfg").read_text()
+    assert (venv / "bin/cuvil-edged").is_file()
+    unit = (dev.root / "etc/systemd/system/cuvil-edged.service").read_text()
+    assert "ExecStart=/opt/cuvil-edge/venv/bin/cuvil-edged --store /var/lib/cuvil-edge" in unit
+    assert out["tensorrt"] == "absent"  # no TensorRT on this machine; on a Jetson the system's is seen
+    assert not (dev.root / "opt/cuvil-edge/venv.wheels").exists()
+
+
+def test_sudo_refusals_are_one_line():
+    from cuvil_edge.deploy.install import sudo_message, with_exec_start
+
+    msg = sudo_message("nano-1", "sudo: a password is required\n")
+    assert "\n" not in msg and msg.startswith("nano-1: sudo needs a password")
+    other = sudo_message("nano-1", "user is not in the sudoers file.  This incident will be reported.\n")
+    assert "cannot use sudo" in other and "\n" not in other
+    assert with_exec_start(b"[Service]\nExecStart=/usr/local/bin/cuvil-edged --port 1\n", "/v/bin/cuvil-edged") == \
+        b"[Service]\nExecStart=/v/bin/cuvil-edged --port 1\n"

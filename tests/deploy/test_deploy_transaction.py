@@ -263,3 +263,45 @@ def test_pause_hook_is_off_without_its_variable(tmp_path: Path, monkeypatch):
     t0 = time.monotonic()
     pause("gate")
     assert time.monotonic() - t0 < 1.0 and not (tmp_path / "gate.reached").exists()
+
+
+def test_host_reconnecting_after_the_deadline_reverts_and_reports_what_the_device_serves(lab, bundles, deploy_keys):
+    """The deploy step and the daemon die mid-switch and nothing on the device reverts (no systemd
+    timer here, the daemon down); the host's link comes back after the deadline: the host reverts
+    (it logs in as root) and reports the device serving the previous version, not "unreachable"."""
+    dev = lab.device("dev0")
+    addr = lab.address(dev)
+    b1, b2 = (prepare_bundle(bundles[k], deploy_keys["public"]) for k in ("v1", "v2"))
+    opts = DeployOptions(health_timeout=5, confirm_deadline=12, reconnect_for=40.0)
+    assert run_sync(deploy_device(b1, addr, opts)).status == "deployed"
+    flag, reached = dev.pause_dir / "gate.pause", dev.pause_dir / "gate.reached"
+    flag.touch()
+    daemon = lab.daemons["dev0"]
+
+    async def scenario():
+        proxy = LinkProxy(dev.port)
+        await proxy.start()
+        with open(lab.known_hosts, "a") as f:
+            f.write(f"[127.0.0.1]:{proxy.port} {dev.host_pub}\n")
+        task = asyncio.ensure_future(deploy_device(b2, dataclasses.replace(addr, port=proxy.port), opts))
+        try:
+            await _until(reached.exists, 120, "the device step to reach the gate")
+            pending = _state(dev)["pending"]
+            os.kill(int(pending["pid"]), signal.SIGKILL)
+            daemon.stop()
+            proxy.cut()
+            flag.unlink()
+            await asyncio.sleep(max(0.0, pending["deadline"] - time.time()) + 1.0)
+            assert _state(dev)["pending"]["txn"] == pending["txn"]  # still nobody reverted it
+            proxy.heal()
+            return await asyncio.wait_for(task, 120)
+        finally:
+            flag.unlink(missing_ok=True)
+            await proxy.close()
+
+    host = run_sync(scenario())
+    assert host.status == "rolled-back" and host.stage == "reverted", (host.status, host.reason)
+    assert host.serving == "1.0.0" and _current(dev) == "1.0.0"
+    st = _state(dev)
+    assert st["pending"] is None and st["outcome"]["by"] == "ondevice revert-expired"
+    lab.daemons["dev0"] = Daemon(dev.store, deploy_keys["public"], port=daemon.port).start()

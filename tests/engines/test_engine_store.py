@@ -209,6 +209,11 @@ class TestDeviceBuild:
         with pytest.raises(EngineError, match="is not the model the plan was made for"):
             build_into_store(_plan_file(tmp_path, digits_model), other, tmp_path / "s", str(root), "standin")
         assert not (tmp_path / "s" / "engines").exists() or not list((tmp_path / "s" / "engines").rglob("*.plan"))
+        # The other build (``engine build --out``) makes the same check with the same error class.
+        from cuvil_edge.packager.engine_build import build_engine
+
+        with pytest.raises(EngineError, match="is not the model the plan was made for"):
+            build_engine(_plan_file(tmp_path, digits_model), other, tmp_path / "e.plan")
 
     def test_tensorrt_builder_says_what_to_install(self, tmp_path, digits_model):
         root = tmp_path / "root"

@@ -17,7 +17,8 @@ import numpy as np
 from _harness import main  # the repository first on sys.path
 
 with atheris.instrument_imports(include=["cuvil_edge"]):
-    from cuvil_edge.daemon.kserve import BadRequest, decode_infer
+    from cuvil_edge.daemon.infer import BadRequest
+    from cuvil_edge.daemon.kserve import decode_infer
     from cuvil_edge.daemon.limits import Limits
     from cuvil_edge.daemon.pipeline import IMAGE_INPUT
     from cuvil_edge.runtime.base import TensorSpec

@@ -18,9 +18,9 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-TARGETS = ("kserve_request", "http_protocol", "tegrastats", "bundle", "recipe")
+TARGETS = ("kserve_request", "http_protocol", "tegrastats", "bundle", "recipe", "state_file", "grpc_message")
 # Relative cost of one execution (measured on one core): split processes accordingly.
-WEIGHT = {"kserve_request": 1, "http_protocol": 2, "tegrastats": 6, "bundle": 4, "recipe": 2}
+WEIGHT = {"kserve_request": 1, "http_protocol": 2, "tegrastats": 6, "bundle": 4, "recipe": 2, "state_file": 1, "grpc_message": 1}
 
 
 def main(argv: list[str] | None = None) -> int:

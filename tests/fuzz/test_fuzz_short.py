@@ -16,7 +16,7 @@ import pytest
 pytest.importorskip("atheris", reason="atheris is in the dev extra: pip install -e .[dev]")
 
 HERE = Path(__file__).resolve().parent
-TARGETS = ["kserve_request", "http_protocol", "tegrastats", "bundle", "recipe"]
+TARGETS = ["kserve_request", "http_protocol", "tegrastats", "bundle", "recipe", "state_file", "grpc_message"]
 
 
 @pytest.mark.parametrize("target", TARGETS)

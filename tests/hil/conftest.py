@@ -42,7 +42,7 @@ def hil_ctx(hil_target: str) -> Iterator[Any]:
     target, _fallback = resolve_target(hil_target)
     if target.kind not in ("qemu-system", "ssh"):
         pytest.skip(f"target {hil_target} ({target.kind}) has no board for the on-device checks")
-    with tempfile.TemporaryDirectory(prefix="cuvil-hil-pytest-") as tmp, board_for(target) as board:
+    with tempfile.TemporaryDirectory(prefix="cuvil-hil-pytest-") as tmp, board_for(target, power_cuts=True) as board:
         ctx = SuiteContext(board=board, workdir=Path(tmp))
         ctx.info["failed_prerequisite"] = None
         yield ctx

@@ -9,7 +9,7 @@ import pytest
 from hil.board import Board, _qemu_argv
 from hil.errors import HilError
 from hil.images import BoardImage
-from hil.suite import checks_for
+from hil.suite import CUTS, checks_for
 from hil.targets import get_hil_target
 
 
@@ -41,7 +41,11 @@ def test_smoke_is_the_ci_subset_of_full() -> None:
     full = [c.name for c in checks_for("full")]
     assert smoke == ["boot", "install_project", "kernels_isa", "install_daemon_ready", "deploy_fresh",
                      "infer_equals_fp32", "top_over_ssh"]
-    assert full[: len(smoke)] == smoke and len(full) == 15
+    assert full[: len(smoke)] == smoke and len(full) == 16 + len(CUTS) and len(CUTS) >= 12
+    powercut = [c.name for c in checks_for("powercut")]
+    assert powercut[:4] == ["boot", "install_project", "install_daemon_ready", "deploy_fresh"]
+    assert powercut[4:] == [f"powercut[{c.name}]" for c in CUTS] and not set(powercut[4:]) & set(smoke)
+    assert len({c.name for c in CUTS}) == len(CUTS)  # each cut at its own point
     assert [c.name for c in checks_for("boot")] == ["boot"]
     with pytest.raises(HilError, match="unknown suite"):
         checks_for("quick")

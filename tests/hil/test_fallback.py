@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from hil.errors import HilError
-from hil.runner import resolve_target, run_suite
+from hil.runner import judge_journal_errors, resolve_target, run_suite, verdict
 
 
 @pytest.fixture
@@ -70,12 +70,30 @@ def test_unreachable_without_fallback_is_an_error(tmp_path: Path, closed_port: i
         resolve_target("lab-orin", _targets(tmp_path, closed_port, fallback=False))
 
 
+def test_a_run_on_the_fallback_fails_unless_allowed() -> None:
+    fb = {"from": "lab-orin", "to": "qemu-system", "reason": "no SSH server answers"}
+    passed = {"passed": 5, "failed": 0, "fallback": fb}
+    refused = verdict(passed)
+    assert refused["ok"] is False and "--allow-fallback" in refused["fallback_refused"]
+    assert verdict(passed, allow_fallback=True) == {"ok": True}
+    assert verdict({"passed": 5, "failed": 0, "fallback": None}) == {"ok": True}
+    assert verdict({"passed": 5, "failed": 1, "fallback": None}) == {"ok": False}
+
+
+def test_daemon_error_lines_fail_unless_a_check_declared_them() -> None:
+    lines = ["2026-12-04 10:00:00 ERROR cuvil_edge.daemon: model m not served: boom",
+             "2026-12-04 10:00:01 ERROR cuvil_edge.daemon: cannot revert pending deploy switches: Permission denied"]
+    judged = judge_journal_errors(lines, [r"model m not served"])
+    assert judged == {"expected": lines[:1], "unexplained": lines[1:]}
+
+
 @pytest.mark.hil
 @pytest.mark.slow
 def test_fallback_run_boots_qemu_system_and_reports_it(tmp_path: Path, closed_port: int, hil_target: str) -> None:
     """End to end: the run boots the emulated board and its report says it fell back."""
     report_path = tmp_path / "r.json"
-    report = run_suite("lab-orin", "boot", report_path, targets_path=_targets(tmp_path, closed_port))
+    report = run_suite("lab-orin", "boot", report_path, targets_path=_targets(tmp_path, closed_port),
+                       allow_fallback=True)
     on_disk = json.loads(report_path.read_text())
     assert on_disk["ran_on"] == "qemu-system" and on_disk["fallback"]["from"] == "lab-orin"
     assert report["ok"] and on_disk["arch"] == "aarch64"

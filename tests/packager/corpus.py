@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["CORPUS", "POSTPROCESS", "CorpusModel", "corpus_model", "image_samples", "magika_samples", "model_path",
+__all__ = ["CORPUS", "INPUTS", "POSTPROCESS", "CorpusModel", "corpus_model", "image_samples", "magika_samples", "model_path",
            "recipe_dict", "samples", "speech_audio", "token_samples", "vad_frames", "vad_samples", "write_samples"]
 
 
@@ -356,6 +356,20 @@ POSTPROCESS: dict[str, dict[str, object] | None] = {
 }
 
 
+# The [input] each model needs for a TensorRT board: a profile for every dynamic dimension (the sizes
+# the data has), and batch axes that are not the first.
+INPUTS: dict[str, dict[str, object]] = {
+    "nudenet-320n": {"shapes": {"images": [1, 3, 320, 320]}},
+    "centerface": {"shapes": {"input.1": [1, 3, 320, 320]}},
+    "ocr-det": {"shapes": {"x": {"min": [1, 3, 128, 160], "opt": [1, 3, 192, 192], "max": [1, 3, 224, 256]}}},
+    "ocr-rec": {"shapes": {"x": {"min": [1, 3, 48, 160], "opt": [1, 3, 48, 240], "max": [1, 3, 48, 320]}}},
+    "ocr-cls": {"shapes": {"x": [1, 3, 48, 192]}},
+    "silero-vad": {"shapes": {"input": [1, 576], "state": [2, 1, 128]}, "batch_axes": {"state": 1, "sr": "none"}},
+    "minilm": {"shapes": {"input_ids": [1, 32], "attention_mask": [1, 32], "token_type_ids": [1, 32]}},
+    "magika": {"shapes": {"bytes": [1, 2048]}},
+}
+
+
 def recipe_dict(name: str, target: str, precision: str, calib: Path, eval_dir: Path,
                 declare: bool = True, **extra: object) -> dict[str, object]:
     """A recipe for ``name`` (``declare=False``: no [postprocess], the task is inferred)."""
@@ -365,6 +379,7 @@ def recipe_dict(name: str, target: str, precision: str, calib: Path, eval_dir: P
         "calibration": {"data": str(calib), "samples": 1000},
         "evaluation": {"data": str(eval_dir), "samples": 1000, "sensitivity_samples": 1000},
     }
+    data["input"] = dict(INPUTS[name])
     post = POSTPROCESS[name]
     if declare and post:
         data["postprocess"] = dict(post)

@@ -232,7 +232,12 @@ class TestBadInput:
         with pytest.raises(AccuracyError, match=r"short by|over by"):
             package(recipe, out, keypair[0])
         assert out.read_bytes() == b"the user's previous bundle"
-        assert sorted(p.name for p in tmp_path.iterdir()) == ["o.cvb"]
+        # No bundle, but the whole report beside it, with what keeping layers in float would give.
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["o.cvb", "o.report.json"]
+        report = json.loads((tmp_path / "o.report.json").read_text())
+        assert report["validation"]["passed"] is False and report["validation"]["failures"]
+        rows = report["advice"]["keep_float"]
+        assert rows and all({"group", "nodes", "sensitivity", "fp16", "fp32"} <= set(r) for r in rows)
 
     def test_bad_recipe_field_is_named(self, tmp_path):
         bad = tmp_path / "r.toml"

@@ -175,3 +175,28 @@ class TestErrors:
     def test_from_dict_rejects_unknown_fields(self) -> None:
         with pytest.raises(TelemetryError, match="unknown fields"):
             Sample.from_dict({"timestamp": 1.0, "bogus": 1})
+
+
+class TestGenerations:
+    """The generation table: each entry's recorded log parses and shows what the entry says it adds."""
+
+    def test_each_generation_has_its_recorded_log_and_its_tokens(self):
+        from cuvil_edge.telemetry.tegrastats import _BY_NAME, GENERATIONS
+
+        for gen in GENERATIONS:
+            lines = recorded_lines(gen.log)
+            assert lines, gen.name
+            samples = [parse_tegrastats_line(x) for x in lines]
+            assert all(s.ram_total_mb or s.cpus or s.power_mw for s in samples), gen.name
+            for token in gen.tokens:
+                assert any(token in x.split() for x in lines), f"{gen.name}: {token} not in {gen.log}"
+        claimed = {t for gen in GENERATIONS for t in gen.tokens}
+        # Every token the parser knows by name was brought by a generation (GR3D2/EMC aliases included).
+        assert set(_BY_NAME) <= claimed | {"GR3D2_FREQ"}, sorted(set(_BY_NAME) - claimed)
+
+    def test_thor_prints_no_gpu_utilization_and_orin_a_timestamp(self):
+        thor = [parse_tegrastats_line(x) for x in recorded_lines("thor_jp7.log")]
+        assert all(s.gpu_util_pct is None for s in thor)
+        assert all("power_max_mw" in s.extra for s in thor)  # current/average/maximum rails
+        stamped = [x for x in recorded_lines("orin_jp6.log") if x[:2].isdigit()]
+        assert stamped and parse_tegrastats_line(stamped[0], now=0.0).timestamp > 1e9  # the line's own time

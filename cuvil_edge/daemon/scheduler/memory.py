@@ -48,10 +48,14 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from cuvil_edge.errors import DaemonError
+from cuvil_edge.errors import CuvilEdgeError, DaemonError
 from cuvil_edge.telemetry.sample import Sample
+
+if TYPE_CHECKING:
+    from cuvil_edge.daemon.scheduler.kernel import KernelMemory
+    from cuvil_edge.targets import Target
 
 __all__ = [
     "MemoryBudgetError",
@@ -186,7 +190,7 @@ class PlacementPolicy:
     reason: str
 
 
-def placement_policy(target: Any) -> PlacementPolicy:
+def placement_policy(target: Target | None) -> PlacementPolicy:
     """The I/O placement for a board profile (``cuvil_edge.targets.Target``).
 
     Integrated GPUs (every Jetson) share LPDDR with the CPU: mapped host memory avoids a copy and
@@ -194,9 +198,9 @@ def placement_policy(target: Any) -> PlacementPolicy:
     (measured with pycuda on an H200: 55 GB/s pinned vs 6.7 GB/s pageable host-to-device). Without a
     GPU plain pageable numpy arrays.
     """
-    if not getattr(target, "has_gpu", False):
-        return PlacementPolicy("pageable", False, False, False, f"{getattr(target, 'name', '?')}: no GPU")
-    if getattr(target, "integrated_gpu", False):
+    if target is None or not target.has_gpu:
+        return PlacementPolicy("pageable", False, False, False, f"{target.name if target else '?'}: no GPU")
+    if target.integrated_gpu:
         return PlacementPolicy(
             "mapped", True, False, False, f"{target.name}: integrated GPU shares LPDDR, zero-copy mapped memory"
         )
@@ -231,12 +235,12 @@ class MemoryScheduler:
         self,
         total_bytes: int | None = None,
         *,
-        target: Any = None,
+        target: Target | None = None,
         reserve_bytes: int | None = None,
         reserve_mb: float | None = None,
         thresholds: PressureThresholds | None = None,
         clock: Callable[[], float] | None = None,
-        kernel: Any = None,
+        kernel: KernelMemory | None = None,
     ) -> None:
         if total_bytes is None:
             if target is not None:
@@ -343,15 +347,14 @@ class MemoryScheduler:
         """
         path = Path(model_path)
         if path.is_dir():
-            manifest = path / "manifest.json"
-            model_name = "model.onnx"
-            if manifest.is_file():
-                import json
+            from cuvil_edge.bundle.manifest import DEFAULT_MODEL, Manifest
 
+            model_name = DEFAULT_MODEL
+            if (path / "manifest.json").is_file():
                 try:
-                    model_name = json.loads(manifest.read_text("utf-8")).get("model", model_name)
-                except (OSError, ValueError) as exc:
-                    raise DaemonError(f"{manifest}: unreadable manifest: {exc}") from exc
+                    model_name = Manifest.load(path, complete=False).model
+                except CuvilEdgeError as exc:
+                    raise DaemonError(f"cannot estimate memory of '{path}': {exc}") from exc
             path = path / model_name
         if not path.is_file():
             raise DaemonError(f"cannot estimate memory of '{path}': no such model file")
@@ -666,7 +669,7 @@ class MemoryScheduler:
         pending = [r for r in self._res.values() if r.measured_bytes is None and r.ram_used_at_admit is not None]
         if not pending:
             return 0
-        growth = max(0, ram_used - min(r.ram_used_at_admit for r in pending))  # type: ignore[type-var]
+        growth = max(0, ram_used - min(r.ram_used_at_admit for r in pending if r.ram_used_at_admit is not None))
         return min(growth, sum(r.estimated_bytes for r in pending))
 
     def _take_step(self, lvl: PressureLevel) -> None:
@@ -741,7 +744,7 @@ class MemoryScheduler:
         """
         if self.level >= PressureLevel.CAP_BATCH:
             room = self._room_bytes() if item_bytes else None
-            if room is not None and self.level < PressureLevel.UNLOAD_LRU:
+            if room is not None and item_bytes and self.level < PressureLevel.UNLOAD_LRU:
                 return max(1, min(max_batch, int(room // item_bytes)))
             return max(1, max_batch // 2)
         return max_batch

@@ -57,10 +57,11 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from cuvil_edge.errors import DaemonError
+from cuvil_edge.telemetry.control import DepthInputs
 from cuvil_edge.telemetry.sample import Sample
 from cuvil_edge.telemetry.tegrastats import NON_DIE_SENSORS
 
-__all__ = ["PrefetchController", "PrefetchDecision"]
+__all__ = ["DepthInputs", "PrefetchController", "PrefetchDecision"]
 
 log = logging.getLogger(__name__)
 
@@ -92,6 +93,36 @@ def _ewma(prev: float | None, value: float | None, alpha: float) -> float | None
     if prev is None:
         return float(value)
     return alpha * float(value) + (1.0 - alpha) * prev
+
+
+@dataclass(frozen=True)
+class _Signals:
+    """What one step derived from its inputs (see ``PrefetchController._observe``)."""
+
+    prev: int
+    gpu_raw: float | None
+    qratio: float | None
+    throttle: str | None
+    waiting_batches: float | None
+    depth_hurts: bool
+    starving: bool
+    need: int | None
+    need_down: int | None
+    limit: int
+    blocked: bool
+
+
+@dataclass
+class _Move:
+    """The reason a step found to move, strongest first (see ``PrefetchController._propose``)."""
+
+    hard: str | None = None
+    hard_to: int | None = None
+    soft: str | None = None
+    up: str | None = None
+    knee: str | None = None
+    fit: str | None = None
+    fit_to: int | None = None
 
 
 class PrefetchController:
@@ -322,49 +353,30 @@ class PrefetchController:
         sample: Sample | None,
         queue_delay_p95_ms: float | None = None,
         latency_target_ms: float | None = None,
-        *,
-        memory_level: int = 0,
-        gpu_busy_pct: float | None = None,
-        prefetch_wait_p95_ms: float | None = None,
-        exec_ms: float | None = None,
-        depth_blocked_pct: float | None = None,
-        completed_per_s: float | None = None,
-        pre_ms: float | None = None,
-        pre_workers: int | None = None,
+        **inputs: Any,
     ) -> int:
+        """One control step from keyword arguments: ``step(sample, DepthInputs(...))``, spelled out.
+
+        Args:
+            sample (Sample | None): the latest telemetry.
+            queue_delay_p95_ms (float | None): see :class:`~cuvil_edge.telemetry.control.DepthInputs`.
+            latency_target_ms (float | None): see :class:`~cuvil_edge.telemetry.control.DepthInputs`.
+            **inputs: the other fields of :class:`~cuvil_edge.telemetry.control.DepthInputs`.
+        """
+        return self.step(sample, DepthInputs(queue_delay_p95_ms, latency_target_ms, **inputs))
+
+    def step(self, sample: Sample | None, inputs: DepthInputs) -> int:
         """Take one control step and return the depth to use.
+
+        The step has four jobs, one method each: smooth and derive the signals (:meth:`_observe`),
+        pick the strongest reason to move (:meth:`_propose`), weigh it against patience and cooldown
+        (:meth:`_vote`), and record the decision (:meth:`_commit`).
 
         Args:
             sample (Sample | None): the latest telemetry (None when no source works: only queue
                 delay and memory pressure are used then).
-            queue_delay_p95_ms (float | None): p95 of the time requests waited in the queue over
-                the last interval.
-            latency_target_ms (float | None): the model's p95 latency objective (manifest
-                ``latency_target_ms.p95``).
-            memory_level (int): the memory scheduler's ladder level (0 = comfortable).
-            gpu_busy_pct (float | None): the daemon's own device occupancy (percent of wall time a
-                batch of ours was executing). Preferred over the sample's GPU utilization when
-                given: GR3D counts other processes too, and Thor or tegrastats without sudo print
-                none.
-            prefetch_wait_p95_ms (float | None): p95 of the time a prepared batch waited for the
-                device. It tells whether depth causes the queue delay: when batches are ready long
-                before the device takes them, depth only adds latency and memory; when they wait
-                for nothing the device is starving and depth can help. Without it every queue delay
-                is blamed on depth.
-            exec_ms (float | None): mean execution time of a batch over the interval; the yardstick
-                for ``prefetch_wait_p95_ms``. Defaults to a tenth of the latency target.
-            depth_blocked_pct (float | None): percent of the interval the batcher had requests
-                waiting but no free slot (depth was the limit). Going deeper only helps then: an
-                under-used GPU with nothing waiting is short of load, not of depth. Without it
-                an under-used GPU is always taken as a reason to go deeper.
-            completed_per_s (float | None): requests (items) completed per second over the
-                interval (the rate of ``nv_inference_count``). What a deeper step is judged by;
-                without it the device occupancy stands in for it.
-            pre_ms (float | None): mean time preparing one batch took over the interval (its own
-                processing, not its wait for a worker). With ``exec_ms`` it gives the depth that
-                keeps the device fed (Little's law); without it the controller probes instead.
-            pre_workers (int | None): batches that can be prepared at once (worker threads);
-                one more than this is the deepest depth that can still help.
+            inputs (DepthInputs): the daemon's measurements of the interval (queue delay, stage
+                times, blocked share, completed rate, memory level).
 
         Returns:
             int: the new depth, within ``[min_depth, max_depth]``.
@@ -375,6 +387,17 @@ class PrefetchController:
             self._ceiling_left -= 1
             if self._ceiling_left == 0:
                 self._ceiling = None
+        sig = self._observe(sample, inputs)
+        move = self._propose(sig, inputs)
+        new, reason = self._vote(sig, move)
+        return self._commit(sample, inputs, sig, move, new, reason)
+
+    def _observe(self, sample: Sample | None, inputs: DepthInputs) -> _Signals:
+        """Smooth the readings and derive what the decision needs: queue ratio, throttle, whether depth
+        causes the queueing, the depth that keeps the device fed (Little's law) and the depth limit."""
+        gpu_busy_pct, exec_ms, pre_ms = inputs.gpu_busy_pct, inputs.exec_ms, inputs.pre_ms
+        queue_delay_p95_ms, latency_target_ms = inputs.queue_delay_p95_ms, inputs.latency_target_ms
+        pre_workers = inputs.pre_workers
         if gpu_busy_pct is not None:
             gpu_raw: float | None = gpu_busy_pct
         else:
@@ -390,19 +413,19 @@ class PrefetchController:
         # Is depth to blame for the queueing? Yes when prepared batches sit waiting for the device
         # (or when we cannot tell); no when the device takes them at once (overload upstream).
         waiting_batches: float | None = None
-        if prefetch_wait_p95_ms is None:
+        if inputs.prefetch_wait_p95_ms is None:
             depth_hurts = True
             starving = False
         else:
             yardstick = exec_ms if exec_ms else 0.1 * (latency_target_ms or 100.0)
-            waiting_batches = prefetch_wait_p95_ms / yardstick
+            waiting_batches = inputs.prefetch_wait_p95_ms / yardstick
             # One batch waiting behind the running one is what double buffering means (up to one
             # execution time, a little more with the spread of execution times); a p95 wait
             # halfway to a second execution is depth adding latency.
             depth_hurts = waiting_batches >= 1.5
             starving = waiting_batches < 0.25
         # What a deeper step is judged by: completed throughput, else our device occupancy.
-        thr = completed_per_s if completed_per_s is not None else gpu_raw
+        thr = inputs.completed_per_s if inputs.completed_per_s is not None else gpu_raw
         if pre_ms is not None and exec_ms:
             self._pre = _ewma(self._pre, pre_ms, self.stage_alpha)
             self._exec = _ewma(self._exec, exec_ms, self.stage_alpha)
@@ -443,157 +466,179 @@ class PrefetchController:
                 hot_need = 1 + max(0, math.ceil(r + self.need_slack))
             cap = self.throttle_depth if hot_need is None else max(self.throttle_depth, hot_need)
             limit = min(limit, max(self.min_depth, cap))
-        hard: str | None = None
-        hard_to: int | None = None
-        soft: str | None = None
-        up: str | None = None
-        knee: str | None = None
-        fit: str | None = None  # model mode: move to ``fit_to``
-        fit_to: int | None = None
-        blocked = depth_blocked_pct is None or depth_blocked_pct >= self.blocked_min_pct
-        if memory_level > 0:
+        if inputs.memory_level > 0:
             # No deeper while memory is short. With the stage times known there is no blind cut
             # either: the scheduler's cap (the depth whose batches fit in free RAM,
             # ``MemoryScheduler.prefetch_cap`` with ``batch_bytes``) bounds the depth applied, so a
             # level that holds does not halve again and again down to a starving pipeline.
             limit = min(limit, prev)
+        blocked = inputs.depth_blocked_pct is None or inputs.depth_blocked_pct >= self.blocked_min_pct
+        return _Signals(prev, gpu_raw, qratio, throttle, waiting_batches, depth_hurts, starving, need, need_down,
+                        limit, blocked)
+
+    def _propose(self, sig: _Signals, inputs: DepthInputs) -> _Move:
+        """The strongest reason to move, in order: a hard cut (memory, queue over the target, heat),
+        a soft step back (EMC, queue near the target), the depth the stage times ask for, a trial
+        that bought nothing, or a probe deeper while the device starves."""
+        move = _Move()
+        prev, need, need_down, limit, throttle = sig.prev, sig.need, sig.need_down, sig.limit, sig.throttle
+        qratio, depth_hurts, waiting_batches = sig.qratio, sig.depth_hurts, sig.waiting_batches
+        memory_level = inputs.memory_level
+        queue_delay_p95_ms, latency_target_ms = inputs.queue_delay_p95_ms, inputs.latency_target_ms
         if memory_level > 0 and need is None:
-            hard = f"memory pressure level {memory_level}"
+            move.hard = f"memory pressure level {memory_level}"
         elif qratio is not None and qratio >= 1.0 and depth_hurts and (need_down is None or prev > need_down):
-            hard = f"queue p95 {queue_delay_p95_ms:.1f} ms >= target {latency_target_ms:.1f} ms"
+            move.hard = f"queue p95 {queue_delay_p95_ms:.1f} ms >= target {latency_target_ms:.1f} ms"
             if waiting_batches is not None:
                 # Keep one prepared batch waiting for the device, no more: that many slots too many.
-                hard_to = prev - max(1, int(math.floor(waiting_batches - 1.0 + 0.5)))
+                move.hard_to = prev - max(1, int(math.floor(waiting_batches - 1.0 + 0.5)))
                 if need_down is not None:
                     # Under the depth that feeds the device the queue only grows (overload).
-                    hard_to = max(hard_to, need_down)
+                    move.hard_to = max(move.hard_to, need_down)
         elif throttle and qratio is not None and qratio >= 1.0 and (need_down is None or prev > need_down):
             # Throttled, the latency objective comes before throughput: with the clocks down each
             # batch held ready behind the running one costs a (slowed) execution of latency.
-            hard = f"{throttle}, queue p95 {queue_delay_p95_ms:.1f} ms >= target {latency_target_ms:.1f} ms"
-            hard_to = min(prev - 1, limit)
+            move.hard = f"{throttle}, queue p95 {queue_delay_p95_ms:.1f} ms >= target {latency_target_ms:.1f} ms"
+            move.hard_to = min(prev - 1, limit)
         elif throttle and prev > limit and need is not None:
-            hard, hard_to = throttle, limit
+            move.hard, move.hard_to = throttle, limit
         elif throttle and prev > limit:
-            soft = throttle
+            move.soft = throttle
         elif self._emc is not None and self._emc >= self.emc_high_pct:
-            soft = f"EMC {self._emc:.0f}% >= {self.emc_high_pct:.0f}%"
+            move.soft = f"EMC {self._emc:.0f}% >= {self.emc_high_pct:.0f}%"
         elif self._qratio is not None and self._qratio >= self.queue_fraction and depth_hurts and (
                 need_down is None or prev > need_down):
-            soft = f"queue p95 at {100 * self._qratio:.0f}% of the target"
+            move.soft = f"queue p95 at {100 * self._qratio:.0f}% of the target"
         elif need is not None:
             self._trial = None
-            ratio = f"prepare {self._pre:.1f} ms / execute {self._exec:.1f} ms"
-            # Light load: the device has time to spare, so requests that wait for a slot wait for
-            # preparation, and one slot past ``need`` prepares one more batch at once (lower
-            # latency; the batches stay small, so it holds little memory). Never while memory is
-            # short, the board is hot or the memory bus is busy.
-            # The spare slot is taken while requests wait for a slot and kept while the load stays
-            # light (a slot that stops requests waiting must not be given back for doing so).
-            # The raw reading too, not only the smoothed one: the smoothing lags a sudden overload.
-            light = (self._gpu is not None and self._gpu < self.gpu_util_target - self.deadband_pct
-                     and gpu_raw is not None and gpu_raw < self.gpu_util_target - self.deadband_pct
-                     and (self._emc is None or self._emc < self.emc_high_pct - 10.0)
-                     and memory_level == 0 and not throttle
-                     # and requests are served well inside the objective (an overloaded device
-                     # sharing its time with another process can read under the target too)
-                     and (qratio is None or qratio < self.queue_fraction)
-                     and (self._qratio is None or self._qratio < self.queue_fraction))
-            spare = light and blocked
-            workers_cap = int(pre_workers) + 1 if pre_workers else self.max_depth
-            top = max(need, min(need + 1 if spare else need, workers_cap, limit, self.max_depth))
-            keep = max(need, min(need + 1 if light else need, workers_cap, limit, self.max_depth))
-            down_to = max(need_down or need, keep)
-            if prev < min(top, limit) and blocked and (self._emc is None or self._emc < self.emc_high_pct) \
-                    and not (throttle and self._qratio is not None and self._qratio >= self.queue_fraction):
-                fit_to = min(top, limit)
-                extra = ", light load: one spare slot" if fit_to > need else ""
-                fit = f"depth {fit_to} keeps the device fed ({ratio}{extra})"
-            elif prev > down_to and (spare or (waiting_batches is not None and depth_hurts)):
-                fit_to = down_to
-                fit = f"depth {down_to} keeps the device fed, a prepared batch waits ({ratio})"
+            self._fit(sig, inputs, move)
         else:
-            knee = self._judge_trial(prev)
-            if knee is None and self._trial is None and (
+            move.knee = self._judge_trial(prev)
+            if move.knee is None and self._trial is None and (
                 self._gpu is not None
                 and self.idle_pct < self._gpu < self.gpu_util_target - self.deadband_pct
                 and (self._emc is None or self._emc < self.emc_high_pct - 10.0)
                 # With the prefetch wait known, only a starving device gains from one more slot: a
                 # prepared batch that already waits for the device would just have company.
-                and (starving if prefetch_wait_p95_ms is not None
+                and (sig.starving if inputs.prefetch_wait_p95_ms is not None
                      else (self._qratio is None or self._qratio < self.queue_fraction / 2))
-                and (depth_blocked_pct is None or depth_blocked_pct >= self.blocked_min_pct)
+                and (inputs.depth_blocked_pct is None or inputs.depth_blocked_pct >= self.blocked_min_pct)
                 # Throttled, deeper only while the queue delay is well inside the objective.
                 and not (throttle and self._qratio is not None and self._qratio >= self.queue_fraction)
             ):
-                up = f"GPU {self._gpu:.0f}% under target {self.gpu_util_target:.0f}%"
-        if hard or soft:
+                move.up = f"GPU {self._gpu:.0f}% under target {self.gpu_util_target:.0f}%"
+        if move.hard or move.soft:
             self._trial = None
+        return move
 
+    def _fit(self, sig: _Signals, inputs: DepthInputs, move: _Move) -> None:
+        """With the stage times known: move to the depth that keeps the device fed (Little's law)."""
+        prev, need, limit, throttle = sig.prev, sig.need, sig.limit, sig.throttle
+        assert need is not None
+        ratio = f"prepare {self._pre:.1f} ms / execute {self._exec:.1f} ms"
+        # Light load: the device has time to spare, so requests that wait for a slot wait for
+        # preparation, and one slot past ``need`` prepares one more batch at once (lower
+        # latency; the batches stay small, so it holds little memory). Never while memory is
+        # short, the board is hot or the memory bus is busy.
+        # The spare slot is taken while requests wait for a slot and kept while the load stays
+        # light (a slot that stops requests waiting must not be given back for doing so).
+        # The raw reading too, not only the smoothed one: the smoothing lags a sudden overload.
+        light = (self._gpu is not None and self._gpu < self.gpu_util_target - self.deadband_pct
+                 and sig.gpu_raw is not None and sig.gpu_raw < self.gpu_util_target - self.deadband_pct
+                 and (self._emc is None or self._emc < self.emc_high_pct - 10.0)
+                 and inputs.memory_level == 0 and not throttle
+                 # and requests are served well inside the objective (an overloaded device
+                 # sharing its time with another process can read under the target too)
+                 and (sig.qratio is None or sig.qratio < self.queue_fraction)
+                 and (self._qratio is None or self._qratio < self.queue_fraction))
+        spare = light and sig.blocked
+        pre_workers = inputs.pre_workers
+        workers_cap = int(pre_workers) + 1 if pre_workers else self.max_depth
+        top = max(need, min(need + 1 if spare else need, workers_cap, limit, self.max_depth))
+        keep = max(need, min(need + 1 if light else need, workers_cap, limit, self.max_depth))
+        down_to = max(sig.need_down or need, keep)
+        if prev < min(top, limit) and sig.blocked and (self._emc is None or self._emc < self.emc_high_pct) \
+                and not (throttle and self._qratio is not None and self._qratio >= self.queue_fraction):
+            move.fit_to = min(top, limit)
+            extra = ", light load: one spare slot" if move.fit_to > need else ""
+            move.fit = f"depth {move.fit_to} keeps the device fed ({ratio}{extra})"
+        elif prev > down_to and (spare or (sig.waiting_batches is not None and sig.depth_hurts)):
+            move.fit_to = down_to
+            move.fit = f"depth {down_to} keeps the device fed, a prepared batch waits ({ratio})"
+
+    def _vote(self, sig: _Signals, move: _Move) -> tuple[int, str]:
+        """Weigh the proposal: hard cuts at once, other moves after ``patience`` agreeing samples and
+        ``cooldown`` samples since the last change. Returns the new depth and why."""
+        prev, limit = sig.prev, sig.limit
         new = prev
         reason = "hold"
-        if hard:
+        if move.hard:
             self._up_votes = 0
             self._down_votes = 0
             if prev > self.min_depth:
-                target = prev // 2 if hard_to is None else hard_to
+                target = prev // 2 if move.hard_to is None else move.hard_to
                 new = min(prev - 1, max(self.min_depth, target))
-                reason = f"cut: {hard}"
+                reason = f"cut: {move.hard}"
             else:
-                reason = f"at minimum: {hard}"
-        elif soft:
+                reason = f"at minimum: {move.hard}"
+        elif move.soft:
             self._up_votes = 0
             self._down_votes += 1
             if self._down_votes >= self.patience_down and self._since_change > self.cooldown and prev > self.min_depth:
                 new = prev - 1
-                reason = f"shallower: {soft}"
+                reason = f"shallower: {move.soft}"
                 self._down_votes = 0
             else:
-                reason = f"hold ({soft}, {self._down_votes}/{self.patience_down})"
-        elif fit:
-            want = fit_to if fit_to is not None else prev
+                reason = f"hold ({move.soft}, {self._down_votes}/{self.patience_down})"
+        elif move.fit:
+            want = move.fit_to if move.fit_to is not None else prev
             if want > prev:
                 self._down_votes = 0
                 self._up_votes += 1
                 # Measured stage times, not a guess: one sample suffices (requests wait meanwhile).
                 if self._since_change > self.cooldown:
-                    new, reason, self._up_votes = want, f"deeper: {fit}", 0
+                    new, reason, self._up_votes = want, f"deeper: {move.fit}", 0
                 else:
-                    reason = f"hold ({fit}, cooldown)"
+                    reason = f"hold ({move.fit}, cooldown)"
             else:
                 self._up_votes = 0
                 self._down_votes += 1
                 if self._down_votes >= self.patience_down and self._since_change > self.cooldown:
-                    new, reason, self._down_votes = max(self.min_depth, want), f"shallower: {fit}", 0
+                    new, reason, self._down_votes = max(self.min_depth, want), f"shallower: {move.fit}", 0
                 else:
-                    reason = f"hold ({fit}, {self._down_votes}/{self.patience_down})"
-        elif knee:
+                    reason = f"hold ({move.fit}, {self._down_votes}/{self.patience_down})"
+        elif move.knee:
             self._up_votes = 0
             self._down_votes = 0
             new = max(self.min_depth, prev - 1)
-            reason = f"back: {knee}"
-        elif up:
+            reason = f"back: {move.knee}"
+        elif move.up:
             self._down_votes = 0
             self._up_votes += 1
             if prev >= limit:
-                reason = f"hold at limit {limit}{' (throttled)' if throttle else ''} ({up})"
+                reason = f"hold at limit {limit}{' (throttled)' if sig.throttle else ''} ({move.up})"
             elif self._up_votes >= self.patience_up and self._since_change > self.cooldown:
                 new = prev + 1
-                reason = f"deeper: {up}"
+                reason = f"deeper: {move.up}"
                 self._up_votes = 0
                 self._start_trial(prev)
             else:
-                reason = f"hold ({up}, {self._up_votes}/{self.patience_up})"
+                reason = f"hold ({move.up}, {self._up_votes}/{self.patience_up})"
         else:
             self._up_votes = 0
             self._down_votes = 0
             if self._trial is not None:
                 reason = f"hold (trial of depth {prev}, {self.updates - self._trial['at']}/{self.dwell})"
+        return new, reason
 
-        self._memory_level = int(memory_level)
+    def _commit(self, sample: Sample | None, inputs: DepthInputs, sig: _Signals, move: _Move, new: int,
+                reason: str) -> int:
+        """Apply the new depth, remember a cut edge as a ceiling, log and keep the decision."""
+        prev = sig.prev
+        self._memory_level = int(inputs.memory_level)
         direction = (new > prev) - (new < prev)
         if direction:
-            if direction < 0 and not fit:
+            if direction < 0 and not move.fit:
                 # Hitting the same edge again doubles how long it stays off limits (up to 8x).
                 self._ttl_mult = min(8, self._ttl_mult * 2) if prev == self._last_cut_from else 1
                 self._last_cut_from = prev
@@ -615,11 +660,11 @@ class PrefetchController:
             reason=reason,
             gpu_util_pct=None if self._gpu is None else round(self._gpu, 2),
             emc_util_pct=None if self._emc is None else round(self._emc, 2),
-            queue_delay_p95_ms=queue_delay_p95_ms,
-            latency_target_ms=latency_target_ms,
-            memory_level=int(memory_level),
-            throttled=throttle is not None,
-            need=need,
+            queue_delay_p95_ms=inputs.queue_delay_p95_ms,
+            latency_target_ms=inputs.latency_target_ms,
+            memory_level=int(inputs.memory_level),
+            throttled=sig.throttle is not None,
+            need=sig.need,
         )
         self.decisions.append(decision)
         if direction:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib.metadata
 from typing import Any
 
+from cuvil_edge._optional import optional_import
 from cuvil_edge.errors import CuvilEdgeError
 
 __all__ = ["TensorRTMissing", "import_pycuda", "import_tensorrt", "installed_tensorrt_version"]
@@ -23,20 +24,14 @@ class TensorRTMissing(CuvilEdgeError):
 
 def import_tensorrt() -> Any:
     """``import tensorrt``, or TensorRTMissing naming ``pip install cuvil-edge[jetson]``."""
-    try:
-        import tensorrt
-    except ImportError as exc:
-        raise TensorRTMissing(f"TensorRT is not installed here ({exc}); on the device run: {_INSTALL_HINT}") from exc
-    return tensorrt
+    return optional_import("tensorrt", needed_for="the TensorRT backend (TensorRT is not installed here)",
+                           install=f"on the device run: {_INSTALL_HINT}", error=TensorRTMissing)
 
 
 def import_pycuda() -> Any:
     """``import pycuda.driver``, or TensorRTMissing naming ``pip install cuvil-edge[jetson]``."""
-    try:
-        import pycuda.driver as cuda
-    except ImportError as exc:
-        raise TensorRTMissing(f"pycuda is not installed here ({exc}); on the device run: {_INSTALL_HINT}") from exc
-    return cuda
+    return optional_import("pycuda.driver", needed_for="the TensorRT backend (pycuda is not installed here)",
+                           install=f"on the device run: {_INSTALL_HINT}", error=TensorRTMissing)
 
 
 def installed_tensorrt_version() -> str:

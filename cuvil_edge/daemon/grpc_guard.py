@@ -1,0 +1,269 @@
+"""What a gRPC call may cost before and after the inference core sees it: the transport's guard.
+
+grpcio reads a unary call's whole request message, up to ``grpc.max_receive_message_length``,
+before the handler runs, and keeps the answer of a call whose client does not read for as long
+as the connection lives; its ``maximum_concurrent_rpcs`` counts a stream that sent headers and
+nothing else like any other call, until the client goes away. So a client without the token
+could hold every call slot with half-open health streams, or make the daemon buffer and parse
+60 MB health messages, and a token holder that never reads could make it hold gigabytes of
+answers. This module wraps every method handler of :class:`~cuvil_edge.daemon.grpc_server.GrpcFrontend`
+(the wire format is unchanged: server-side, a unary call and a stream of one message are the
+same HTTP/2 frames) so that:
+
+* ``ServerLive``/``ServerReady`` are answered as soon as their headers arrive, without reading
+  the request message (it is empty by definition): a half-open or oversized health call costs
+  one small answer, never a buffer or a call slot;
+* a call without the token is refused from its headers (``UNAUTHENTICATED``), as before;
+* authenticated calls in progress are counted here (``--grpc-max-rpcs``; over it,
+  ``RESOURCE_EXHAUSTED`` at once, never grpcio's ``INTERNAL``), apart from health calls;
+* the first request message must arrive within ``--request-timeout`` (a half-open stream ends
+  with ``DEADLINE_EXCEEDED``) and is counted in ``--max-buffered-mb`` before it is parsed;
+* an answer larger than an HTTP/2 window (64 KiB) is counted in ``--max-buffered-mb`` until the
+  client has taken it, must be taken within ``--request-timeout`` (else the call is cancelled
+  and its memory freed), and a full budget answers ``RESOURCE_EXHAUSTED`` instead of queueing.
+
+What grpcio does not let the daemon do, and the bound that holds instead, is in docs/hardening.md:
+a per-method receive limit (the channel-wide ``--grpc-max-message-mb`` applies to every method
+but the health ones, which read nothing) and closing one abusive connection with GOAWAY (chttp2
+refuses streams over ``grpc.max_concurrent_streams`` and tarpits resets; the daemon bounds what
+each stream costs).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import grpc
+
+from cuvil_edge.daemon.limits import ANSWER_WINDOW as WINDOW
+from cuvil_edge.daemon.limits import ANSWERS_FULL, answer_bytes
+
+__all__ = ["BUFFERED_FULL", "CallGate", "GuardedHandlers", "WINDOW"]
+
+log = logging.getLogger("cuvil_edge.daemon.grpc")
+
+
+class CallGate:
+    """Authenticated gRPC calls in progress, at most ``limit`` (``--grpc-max-rpcs``)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.active = 0
+        self.refused = 0
+
+    def enter(self) -> bool:
+        if self.active >= self.limit:
+            self.refused += 1
+            return False
+        self.active += 1
+        return True
+
+    def leave(self) -> None:
+        self.active -= 1
+
+
+class _Refused(Exception):
+    """Raised inside a guard to end the call with ``code`` and ``message``."""
+
+    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+class GuardedHandlers:
+    """Wraps the front end's method handlers; see the module docstring.
+
+    Args:
+        frontend (Any): the :class:`~cuvil_edge.daemon.grpc_server.GrpcFrontend`: its ``state``
+            (``reserve``/``release`` of ``--max-buffered-mb``, ``limits``), ``count(method, code)``.
+        max_rpcs (int): authenticated calls in progress at once.
+    """
+
+    def __init__(self, frontend: Any, max_rpcs: int) -> None:
+        self.frontend = frontend
+        self.state = frontend.state
+        self.gate = CallGate(max_rpcs)
+        self.write_timeouts = 0
+
+    @property
+    def timeout(self) -> float:
+        return float(self.state.limits.request_timeout)
+
+    # ------------------------------------------------------------------ the three kinds
+
+    def open_call(self, name: str, handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
+        """A health call answered from its headers; the request message is never read."""
+        inner = handler.unary_unary
+        empty = handler.request_deserializer(b"")
+        serialize = handler.response_serializer
+
+        async def call(_requests: Any, context: grpc.aio.ServicerContext) -> bytes:
+            return serialize(await inner(empty, context))
+
+        return grpc.stream_unary_rpc_method_handler(call)
+
+    def unary_call(self, name: str, handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
+        """An authenticated unary call with a counted message in and a timed, counted answer out."""
+        inner = handler.unary_unary
+        parse = handler.request_deserializer
+        serialize = handler.response_serializer
+
+        async def call(_requests: Any, context: grpc.aio.ServicerContext) -> None:
+            async with self._slot(name, context):
+                raw = await self._read(name, context, self.timeout)
+                if raw is None:
+                    await self._end(name, context, _Refused(grpc.StatusCode.INVALID_ARGUMENT,
+                                                            "the call ended before its request message"))
+                    return
+                request = await self._parse(name, context, raw, parse)
+                # An inference answer is counted before it is computed, from the model's output
+                # sizes, so that answers nobody reads cannot pile up past --max-buffered-mb.
+                expected = self._expected_answer(request)
+                if expected and not self.state.reserve(expected):
+                    await self._refuse_buffered(name, context, ANSWERS_FULL)
+                held = [expected]
+                try:
+                    answer = serialize(await inner(request, context))
+                    await self._write(name, context, answer, held)
+                finally:
+                    self.state.release(held[0])
+
+        return grpc.stream_stream_rpc_method_handler(call)
+
+    def stream_call(self, name: str, handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
+        """An authenticated bidirectional stream: messages counted in, answers timed out."""
+        inner = handler.stream_stream
+        parse = handler.request_deserializer
+        serialize = handler.response_serializer
+
+        async def call(_requests: Any, context: grpc.aio.ServicerContext) -> None:
+            async with self._slot(name, context):
+                async def requests() -> AsyncIterator[Any]:
+                    timeout: float | None = self.timeout  # the first message; later ones may pause
+                    while True:
+                        raw = await self._read(name, context, timeout)
+                        if raw is None:
+                            return
+                        timeout = None
+                        yield await self._parse(name, context, raw, parse)
+
+                answers = inner(requests(), context)
+                try:
+                    async for answer in answers:
+                        held = [0]
+                        try:
+                            await self._write(name, context, serialize(answer), held)
+                        finally:
+                            self.state.release(held[0])
+                finally:
+                    await answers.aclose()
+
+        return grpc.stream_stream_rpc_method_handler(call)
+
+    # ------------------------------------------------------------------ steps
+
+    def _slot(self, name: str, context: grpc.aio.ServicerContext) -> Any:
+        guard = self
+
+        class Slot:
+            async def __aenter__(self) -> None:
+                if not guard.gate.enter():
+                    await guard._end(name, context, _Refused(
+                        grpc.StatusCode.RESOURCE_EXHAUSTED,
+                        f"too many gRPC calls in progress (--grpc-max-rpcs {guard.gate.limit}); retry later"))
+
+            async def __aexit__(self, *exc: Any) -> None:
+                guard.gate.leave()
+
+        return Slot()
+
+    async def _end(self, name: str, context: grpc.aio.ServicerContext, refusal: _Refused) -> None:
+        self.frontend.count(name, refusal.code)
+        retry = (("retry-after", "1"),) if refusal.code == grpc.StatusCode.RESOURCE_EXHAUSTED else ()
+        await context.abort(refusal.code, refusal.message, retry)
+
+    async def _read(self, name: str, context: grpc.aio.ServicerContext, timeout: float | None) -> bytes | None:
+        """The next request message (raw bytes), None at the end of the stream."""
+        try:
+            if timeout is None:
+                raw = await context.read()
+            else:
+                raw = await asyncio.wait_for(context.read(), timeout)
+        except asyncio.TimeoutError:
+            await self._end(name, context, _Refused(
+                grpc.StatusCode.DEADLINE_EXCEEDED,
+                f"the request message did not arrive within {timeout:g} s (--request-timeout)"))
+            return None
+        if raw is grpc.aio.EOF:
+            return None
+        return raw  # type: ignore[no-any-return,unused-ignore]
+
+    async def _parse(self, name: str, context: grpc.aio.ServicerContext, raw: bytes,
+                     parse: Callable[[bytes], Any]) -> Any:
+        """Count ``raw`` in ``--max-buffered-mb`` while it is parsed (the handler counts what it keeps)."""
+        size = len(raw)
+        if not self.state.reserve(size):
+            await self._refuse_buffered(name, context, BUFFERED_FULL)
+        try:
+            return parse(raw)
+        finally:
+            self.state.release(size)
+
+    def _dropped(self, size: int) -> None:
+        self.state.release(size)
+        dropped = getattr(self.state, "dropped_slow_client", None)
+        if dropped is not None:
+            dropped()
+
+    def _expected_answer(self, request: Any) -> int:
+        """Bytes a ``ModelInferRequest`` will be answered with, from the model's specs (0: unknown)."""
+        inputs = getattr(request, "inputs", None)
+        if not inputs or not isinstance(getattr(request, "model_name", None), str):
+            return 0
+        try:
+            inst = self.frontend.registry.get(request.model_name, request.model_version or None)
+        except Exception:  # unknown model: the handler answers NOT_FOUND
+            return 0
+        shape = inputs[0].shape
+        batch = int(shape[0]) if inst.max_batch and len(shape) else 1
+        return answer_bytes(inst.output_specs, max(1, batch))
+
+    async def _refuse_buffered(self, name: str, context: grpc.aio.ServicerContext, message: str) -> None:
+        self.state.refused["buffered"] = self.state.refused.get("buffered", 0) + 1
+        await self._end(name, context, _Refused(grpc.StatusCode.RESOURCE_EXHAUSTED, message))
+
+    async def _write(self, name: str, context: grpc.aio.ServicerContext, answer: bytes, held: list[int]) -> None:
+        """Send one answer; over a window it is counted until taken and must be taken in time.
+
+        ``held[0]`` bytes are counted for it already (the expected size of an inference answer);
+        the caller releases ``held[0]`` afterwards. An answer not taken within the timeout stays
+        counted until the call ends: grpcio cannot reset one stream from the server, so the bytes
+        stay in the transport until the client reads, resets the stream or the connection goes
+        (keep-alive pings unanswered, or the client's close).
+        """
+        size = len(answer)
+        if size <= WINDOW:
+            await context.write(answer)
+            return
+        extra = max(0, size - held[0])
+        if extra:
+            if not self.state.reserve(extra):
+                await self._refuse_buffered(name, context, ANSWERS_FULL)
+            held[0] += extra
+        try:
+            await asyncio.wait_for(context.write(answer), self.timeout)
+        except asyncio.TimeoutError:
+            self.write_timeouts += 1
+            self.frontend.count(name, grpc.StatusCode.CANCELLED)
+            stuck, held[0] = held[0], 0
+            context.add_done_callback(lambda _ctx: self._dropped(stuck))
+            log.debug("gRPC %s: the client did not take a %d-byte answer within %g s; call cancelled",
+                      name, size, self.timeout)
+            raise asyncio.CancelledError() from None
+
+
+BUFFERED_FULL = "the daemon holds its limit of request bytes already (--max-buffered-mb); retry later"
