@@ -37,8 +37,8 @@ MATRIX = [(name, ORIN, "int8") for name in CORPUS] + [(name, ARM, "int8") for na
 
 # What the gate decides today: None ships; a metric name is the refusal's.
 OUTCOME: dict[tuple[str, str, str], str | None] = {
-    # One per-tensor scale for boxes (0-320) and scores (0-1) at the output concat: every score
-    # rounds to 0, recall 0 (cosine 0.999). Until outputs of mixed ranges are quantized apart.
+    # Boxes and scores are quantized apart now (one shared scale gave recall 0 at cosine 0.999:
+    # test_tasks.py plants it); recall 0.81 (Orin) / 0.86 (CPU) on 24 held-out crops.
     ("nudenet-320n", ORIN, "int8"): "recall",
     ("nudenet-320n", ARM, "int8"): "recall",
     ("centerface", ORIN, "int8"): None,
@@ -57,10 +57,16 @@ OUTCOME: dict[tuple[str, str, str], str | None] = {
     # Per-tensor INT8 activations through LayerNorm/GELU/attention: cosine 0.49.
     ("minilm", ORIN, "int8"): "cosine",
     ("minilm", ARM, "int8"): "cosine",
+    # Silero VAD's graph sits inside an If on the sample rate: INT8 quantizes nothing in it (the report
+    # says so), and the stream keeps every decision.
+    ("silero-vad", ORIN, "int8"): None,
+    ("silero-vad", ARM, "int8"): None,
+    ("silero-vad", ORIN, "mixed"): None,
 }
-# Models whose inputs the packager cannot take yet (scalar int64 rate; Magika's [1, C] bias in the
-# CPU form): refused with one line, asserted in test_unsupported_inputs_are_one_line_refusals.
-BLOCKED = {"silero-vad", "magika"}
+# Magika: the FP32 model is never confident on the bytes of the files here (the classification goal
+# cannot be computed: refused with that line), and its CPU form fails in ONNX Runtime's DequantizeLinear
+# on a [1, C] bias; left out of the matrix until both are understood.
+BLOCKED = {"magika"}
 
 
 @pytest.fixture(scope="module")

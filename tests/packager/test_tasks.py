@@ -179,3 +179,39 @@ def test_inspect_shows_the_task_and_its_default_goal(cli):
     assert res.returncode == 0, res.stderr
     assert "detection (yolo head)" in res.stdout and "default accuracy goal: min_recall 0.9, min_precision 0.9" \
         in res.stdout, res.stdout[-600:]
+
+
+def test_stream_gate_runs_each_model_with_its_own_state(tmp_path):
+    """A VAD whose state output is rounded to whole units: fed the original's states frame by frame
+    (what validation did) it agrees on every frame; run as a stream with its own state it drifts and
+    the gate refuses it on decision agreement."""
+    from corpus import vad_samples, write_samples
+
+    from cuvil_edge.packager.data import load_dataset, with_batch_axes
+    from cuvil_edge.packager.load import load_model, model_inputs
+    from cuvil_edge.packager.validate import run_model
+
+    path = model_path("silero-vad")
+    model = onnx.load(str(path))
+    for node in model.graph.node:
+        node.output[:] = ["stateN_fp" if o == "stateN" else o for o in node.output]
+    model.graph.initializer.extend([numpy_helper.from_array(np.array(1.0, np.float32), "planted_scale"),
+                                    numpy_helper.from_array(np.array(0, np.int8), "planted_zero")])
+    model.graph.node.extend([
+        helper.make_node("QuantizeLinear", ["stateN_fp", "planted_scale", "planted_zero"], ["stateN_q"]),
+        helper.make_node("DequantizeLinear", ["stateN_q", "planted_scale", "planted_zero"], ["stateN"]),
+    ])
+    folder = write_samples(tmp_path / "speech", vad_samples("evaluation", 320))
+    inputs = with_batch_axes(model_inputs(load_model(path)), {"state": 1, "sr": None})
+    data = load_dataset(str(folder), inputs, {"kind": "none"}, 1000)
+    ref, got = run_model(make_session(path), data), run_model(make_session(model), data)
+    frame_by_frame = np.mean([(np.asarray(a) > 0.5) == (np.asarray(b) > 0.5) for a, b in zip(ref["output"], got["output"])])
+    assert frame_by_frame == 1.0  # the old check: nothing to see
+    post = {"kind": "stream", "state": {"state": "stateN"}, "decision": "output", "threshold": 0.5}
+    report = validate_models(make_session(path), make_session(model), data, post, AccuracyGoal())
+    m = report.extra["task_metrics"]
+    assert m["frames"] == 320 and 0.5 < m["reference_positive_rate"] < 0.95  # speech and pauses
+    assert m["decision_agreement"] < 0.95 and not report.passed, m
+    assert report.failures[0].startswith("decision_agreement"), report.failures
+    same = validate_models(make_session(path), make_session(path), data, post, AccuracyGoal())
+    assert same.passed and same.extra["task_metrics"]["decision_agreement"] == 1.0
