@@ -156,6 +156,12 @@ def tasks_main(args: argparse.Namespace) -> None:
                 rows.append(row)
                 print(json.dumps({k: row[k] for k in ("model", "precision", "target", "quantizer", "packaging_s",
                                                        "passed", "metric", "value")}), flush=True)
+                _write_tasks(args, rows, names, how if not have_modelopt else "installed", done=False)
+    _write_tasks(args, rows, names, how if not have_modelopt else "installed", done=True)
+
+
+def _write_tasks(args: argparse.Namespace, rows: list[dict], names: list[str], modelopt: str, done: bool) -> None:
+    """The task table so far (a long run leaves its finished rows), then the goals and the plot at the end."""
     mixed = [r for r in rows if r.get("precision") == "mixed"]
     goals = {
         "every_model_ships_passing_mixed": all(r.get("passed") for r in mixed) and len(mixed) == len(names),
@@ -170,14 +176,16 @@ def tasks_main(args: argparse.Namespace) -> None:
                 "arithmetic); packaging_s is wall time on this machine (see load_average_at_end)",
         "data": {"calibration": args.task_calib, "evaluation": args.task_eval, "search": args.task_search,
                  "stream_frames": [160, 320]},
-        "modelopt": how if not have_modelopt else "installed",
+        "modelopt": modelopt,
+        "complete": done,
         "results": rows,
         "goals": goals,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2) + "\n")
     _plot_tasks(rows, args.out.with_suffix(".png"))
-    print(json.dumps(goals))
+    if done:
+        print(json.dumps(goals))
 
 
 def _plot_tasks(rows: list[dict], path: Path) -> None:

@@ -38,9 +38,9 @@ MATRIX = [(name, ORIN, "int8") for name in CORPUS] + [(name, ARM, "int8") for na
 # What the gate decides today: None ships; a metric name is the refusal's.
 OUTCOME: dict[tuple[str, str, str], str | None] = {
     # Boxes and scores are quantized apart now (one shared scale gave recall 0 at cosine 0.999:
-    # test_tasks.py plants it); recall 0.81 (Orin) / 0.86 (CPU) on 24 held-out crops.
+    # test_tasks.py plants it); Orin recall 0.81 on 24 held-out crops.
     ("nudenet-320n", ORIN, "int8"): "recall",
-    ("nudenet-320n", ARM, "int8"): "recall",
+    ("nudenet-320n", ARM, "int8"): None,  # recall 0.917, precision 0.917 on these 12 crops (0.86 on 24)
     ("centerface", ORIN, "int8"): None,
     ("centerface", ARM, "int8"): None,
     ("centerface", ORIN, "mixed"): None,
@@ -115,14 +115,15 @@ def test_corpus_model_keeps_its_task_or_is_refused_naming_it(name, target, preci
     recipe = _recipe(name, target, precision, folders)
     out = tmp_path / f"{name}.cvb"
     expected = OUTCOME[(name, target, precision)]
-    try:
-        result = package(recipe, out, keypair[0])
-    except AccuracyError as exc:
-        assert expected is not None, f"{name} {target} {precision} was refused: {exc}"
-        assert f"{expected} " in str(exc), str(exc)
-        assert not out.exists()
+    # The gate's verdict without its keep-float advice, which ranks every layer group on a miss (minutes
+    # for NudeNet here); test_a_refusal_names_the_metric_and_writes_no_bundle runs the refusal itself.
+    result = package(recipe, out, keypair[0], enforce_goal=False)
+    validation = result.report["validation"]
+    task = validation["task_metrics"]
+    if not validation["passed"]:
+        assert expected is not None, f"{name} {target} {precision} was refused: {validation['failures']}"
+        assert any(f.startswith(f"{expected} ") for f in validation["failures"]), validation["failures"]
         return
-    task = result.report["validation"]["task_metrics"]
     assert expected is None, f"{name} {target} {precision} now ships ({task}): update OUTCOME"
     assert result.report["validation"]["task"]["kind"] == CORPUS[name].task
     _check_task(CORPUS[name].task, task)
@@ -130,3 +131,13 @@ def test_corpus_model_keeps_its_task_or_is_refused_naming_it(name, target, preci
         report = json.loads(tar.extractfile("validation.json").read())
         onnx.checker.check_model(onnx.load_from_string(tar.extractfile("model.onnx").read()))
     assert report["validation"]["passed"] and report["validation"]["task_metrics"] == json.loads(json.dumps(task))
+
+
+@pytest.mark.slow
+def test_a_refusal_names_the_metric_and_writes_no_bundle(folders, keypair, tmp_path):
+    """``package`` itself refuses a corpus model that loses its job: the error names the task metric,
+    no bundle is written (the report is, beside it)."""
+    out = tmp_path / "ocr-cls.cvb"
+    with pytest.raises(AccuracyError, match=r"missed the accuracy goal: confident_top1_agreement 0\.\d+ < 0\.9900"):
+        package(_recipe("ocr-cls", ARM, "int8", folders), out, keypair[0])
+    assert not out.exists()
