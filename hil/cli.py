@@ -10,6 +10,7 @@ journal, report, overlay) and says where; ``--clean`` deletes it anyway.
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 import time
 from pathlib import Path
@@ -40,6 +41,13 @@ def main(argv: list[str] | None = None) -> int:
 
     con = Console(stderr=True)
     t0 = time.monotonic()
+
+    def terminated(signum: int, frame: object) -> None:
+        # `timeout` and CI cancel with SIGTERM: unwind like an error, so the board is powered off
+        # and the report (with what ran so far) is written, instead of dying where we stand.
+        raise HilError(f"terminated by signal {signum} after {time.monotonic() - t0:.0f} s")
+
+    signal.signal(signal.SIGTERM, terminated)
     try:
         report = run_suite(args.target, args.suite, args.report, keep=args.keep, targets_path=args.targets_file,
                            console=con, clean=args.clean, allow_fallback=args.allow_fallback)

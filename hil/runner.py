@@ -156,8 +156,11 @@ def _evidence(ctx: SuiteContext, entry: dict[str, Any]) -> None:
         entry["console_excerpt"] = board.console_tail(30) if board.emulated else "(real board: no console)"
 
 
-def _run_checks(ctx: SuiteContext, suite: str, say: Callable[[str], None]) -> list[dict[str, Any]]:
-    results: list[dict[str, Any]] = []
+def _run_checks(ctx: SuiteContext, suite: str, say: Callable[[str], None],
+                results: list[dict[str, Any]] | None = None,
+                progress: Callable[[], None] | None = None) -> list[dict[str, Any]]:
+    """Run the suite's checks in order into ``results``; ``progress`` after each (the partial report)."""
+    results = [] if results is None else results
     blocked = ""
     for check in checks_for(suite):
         t0 = time.monotonic()
@@ -183,6 +186,8 @@ def _run_checks(ctx: SuiteContext, suite: str, say: Callable[[str], None]) -> li
         extra = entry.get("error") or entry.get("reason") or ""
         say(f"  [{colour}]{entry['outcome']:7}[/] {escape(check.name):30} {entry['seconds']:7.1f} s  {escape(extra[:300])}")
         results.append(entry)
+        if progress is not None:
+            progress()
     return results
 
 
@@ -286,7 +291,11 @@ def run_suite(target_name: str, suite: str = "smoke", report_path: Path | None =
                 work = run_dir / "work"
                 work.mkdir(exist_ok=True)
                 ctx = SuiteContext(board=board, workdir=work, workdir_run=run_dir)
-                report["tests"] = _run_checks(ctx, suite, con.print)
+
+                def partial() -> None:  # a run cut short (timeout, SIGTERM) still leaves what it saw
+                    write_report({**report, "partial": True}, run_dir / "report.json")
+
+                _run_checks(ctx, suite, con.print, report["tests"], partial)
                 if suite != "boot":
                     entry, report["journal_errors"] = _journal_check(ctx, con.print)
                     report["tests"].append(entry)

@@ -298,13 +298,74 @@ def inspect_cli(
     max_batch: int = typer.Option(8, "--max-batch", help="Largest batch, for optimization profiles."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
     only_issues: bool = typer.Option(False, "--only-issues", help="List only nodes that fall back."),
+    sensitivity: bool = typer.Option(False, "--sensitivity", help="Also measure each layer group's INT8 "
+                                     "sensitivity on --calib data (the mixed search's ranking)."),
+    calib: str = typer.Option(None, "--calib", help="With --sensitivity: calibration data (images, .npy/.npz)."),
+    preprocess: str = typer.Option(None, "--preprocess", help="With --sensitivity: image:HxW[,letterbox][,...]."),
+    batch_axis: list[str] = typer.Option(None, "--batch-axis", help="With --sensitivity: NAME:AXIS or NAME:none."),
+    kind: str = typer.Option("none", "--kind", help="With --sensitivity: classification ranks by mean KL, "
+                             "anything else by 1 - cosine."),
+    samples: int = typer.Option(64, "--samples", help="With --sensitivity: calibration samples to use."),
+    top: int = typer.Option(0, "--top", help="With --sensitivity: rows to print (0: all)."),
 ) -> None:
-    """Which ops the target's TensorRT versions and DLA run, why others fall back, and the profiles needed."""
+    """Which ops the target's TensorRT versions and DLA run, why others fall back, and the profiles needed.
+
+    With --sensitivity: a table of layer groups by the error each causes when it alone is INT8
+    (and, on TensorRT boards, in FP16 alone), measured as the board computes.
+    """
     from cuvil_edge.packager.package import resolve_model
 
-    rc = inspect_cmd(resolve_model(model), target, max_batch=max_batch, as_json=as_json, only_issues=only_issues)
+    path = resolve_model(model)
+    rc = inspect_cmd(path, target, max_batch=max_batch, as_json=as_json and not sensitivity, only_issues=only_issues)
+    if sensitivity:
+        _sensitivity_table(str(path), target, calib, preprocess, batch_axis, kind, samples, top, as_json)
     if rc:
         raise typer.Exit(rc)
+
+
+def _sensitivity_table(model: str, target: str, calib: str | None, preprocess: str | None,
+                       batch_axis: list[str] | None, kind: str, samples: int, top: int, as_json: bool) -> None:
+    """``inspect --sensitivity``: load the data as ``package`` would, rank, print a rich table."""
+    from cuvil_edge._progress import packaging_progress
+    from cuvil_edge.errors import RecipeError
+    from cuvil_edge.packager.data import assumed_image_preprocess, holds_images, load_dataset, with_batch_axes
+    from cuvil_edge.packager.load import load_model, model_inputs
+    from cuvil_edge.packager.sensitivity import layer_sensitivity
+    from cuvil_edge.targets import get_target
+
+    if not calib:
+        raise RecipeError("--sensitivity needs --calib DATA (images or .npy/.npz samples)")
+    rec = _recipe(model, None, target, "int8", calib, None, None, None, None, preprocess, None, batch_axis)
+    proto = load_model(Path(model))
+    inputs = with_batch_axes(model_inputs(proto), rec.batch_axes)
+    if rec.preprocess.get("kind") != "image" and holds_images(rec.calibration_data):
+        rec.preprocess = assumed_image_preprocess(inputs) or rec.preprocess
+    data = load_dataset(rec.calibration_data, inputs, rec.preprocess, samples)
+    tgt = get_target(target)
+    with packaging_progress(console) as (say, bar):
+        rows = layer_sensitivity(proto, tgt, data, kind, progress=say, bar=bar)
+    shown = rows[:top] if top > 0 else rows
+    if as_json:
+        print(json.dumps([r.to_dict() for r in shown], indent=2))
+        return
+    metric = "mean KL" if kind == "classification" else "1 - cosine"
+    table = Table(title=f"INT8 sensitivity on {tgt.name}: {metric} vs FP32 with only this group quantized "
+                        f"({len(data)} samples)")
+    table.add_column("#", justify="right")
+    id_column(table, "group")
+    table.add_column("nodes", justify="right")
+    table.add_column("ops")
+    table.add_column("INT8 alone", justify="right")
+    if tgt.runtime_format == "tensorrt":
+        table.add_column("FP16 alone", justify="right")
+    for i, r in enumerate(shown, 1):
+        cells = [str(i), r.group, str(len(r.nodes)), ",".join(r.op_types), f"{r.int8_error:.3g}"]
+        if tgt.runtime_format == "tensorrt":
+            cells.append("-" if r.fp16_error is None else f"{r.fp16_error:.3g}")
+        table.add_row(*cells)
+    print_table(table, console)
+    console.print("keep a group in float with --exclude 'GROUP*' (or \\[quantization] exclude), or let "
+                  "--precision mixed choose", markup=True)
 
 
 # ------------------------------------------------------------------------------------ engine

@@ -48,7 +48,7 @@ EXPORTS: dict[str, list[str]] = {
     "cuvil_edge.daemon.kserve": ["App", "EXTENSIONS", "decode_infer", "model_config_doc", "model_metadata_doc"],
     "cuvil_edge.daemon.limits": [
         "ANSWERS_FULL", "ANSWER_WINDOW", "JsonRefused", "Limits", "MAX_ECHO", "MAX_ERROR", "answer_bytes",
-        "bearer_ok", "finite_json_list", "json_depth", "loads_limited", "printable",
+        "bearer_ok", "finite_json_list", "json_depth", "loads_limited", "printable"
     ],
     "cuvil_edge.daemon.main": ["main"],
     "cuvil_edge.daemon.metrics": ["ModelStats", "render_prometheus"],

@@ -125,6 +125,7 @@ class TestSubgraphsAndNames:
         out = tmp_path / "ifm.cvb"
         result = package(recipe, out, keypair[0], enforce_goal=False)
         assert result.report["quantization"]["kept_float_groups"]  # the search promoted something
+        assert result.report["quantization"]["subgraph_nodes_in_float"] == 2  # said, not silent
         _accepted_by_own_tools(out, model, calib, cli, tmp_path)
 
     def test_silero_vad_mixed_for_orin_loads(self, tmp_path, keypair, cli):
@@ -267,3 +268,11 @@ class TestCommandLine:
             data = json.loads(path.read_text())
             assert data["validation"]["failures"] and data["advice"]["keep_float"]
             assert {"fp16", "fp32"} <= set(data["advice"]["keep_float"][0])
+
+    def test_inspect_sensitivity_prints_a_per_layer_table(self, cli):
+        res = cli("inspect", "builtin:digits-cnn", "--target", "orin-nano-8gb", "--sensitivity", "--calib",
+                  "builtin:digits-calibration", "--samples", "32", "--kind", "classification", "--only-issues")
+        assert res.returncode == 0, res.stdout + res.stderr
+        assert "INT8 sensitivity on orin-nano-8gb: mean KL" in res.stdout and "FP16 alone" in res.stdout
+        rows = [line for line in res.stdout.splitlines() if line.startswith("│ 1 ")]
+        assert rows, res.stdout
