@@ -46,6 +46,7 @@ _COMMAND_MODULES: tuple[str, ...] = (
     "cuvil_edge.demo",
     "cuvil_edge.telemetry.cli",
     "cuvil_edge.deploy.cli",
+    "cuvil_edge.daemon.store_cli",
     "cuvil_edge.top",
 )
 

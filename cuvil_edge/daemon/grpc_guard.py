@@ -40,6 +40,7 @@ import grpc
 
 from cuvil_edge.daemon.limits import ANSWER_WINDOW as WINDOW
 from cuvil_edge.daemon.limits import ANSWERS_FULL, answer_bytes
+from cuvil_edge.errors import DaemonError
 
 __all__ = ["BUFFERED_FULL", "CallGate", "GuardedHandlers", "WINDOW"]
 
@@ -65,8 +66,8 @@ class CallGate:
         self.active -= 1
 
 
-class _Refused(Exception):
-    """Raised inside a guard to end the call with ``code`` and ``message``."""
+class _Refused(DaemonError):
+    """A call the guard ends with ``code`` and ``message`` (never raised: passed to ``_end``)."""
 
     def __init__(self, code: grpc.StatusCode, message: str) -> None:
         super().__init__(message)

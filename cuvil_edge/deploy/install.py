@@ -29,6 +29,7 @@ __all__ = ["DEFAULT_VENV", "InstallResult", "SudoNeedsPassword", "default_unit",
 
 UNIT_NAME = "cuvil-edged.service"
 DEFAULT_VENV = "/opt/cuvil-edge/venv"
+CUDA_ROOT = "/usr/local/cuda"  # where JetPack installs CUDA
 
 
 @dataclass
@@ -205,7 +206,10 @@ async def _install_venv(tr: Transport, priv: _Privileged, address: DeviceAddress
     made = await priv.run(["python3", "-m", "venv", "--system-site-packages", where])
     if made.exit_status != 0:
         await priv.check(["python3", "-m", "venv", "--system-site-packages", "--without-pip", where])
-    pip = [f"{where}/bin/python", "-m", "pip", "install", "-q", "--no-index", "--find-links", stage,
+    # pycuda (the jetson extra) builds from source on the board and finds CUDA by CUDA_ROOT: JetPack
+    # leaves nvcc off PATH, and sudo resets PATH anyway.
+    pip = ["env", f"CUDA_ROOT={CUDA_ROOT}", f"{where}/bin/python", "-m", "pip", "install", "-q", "--no-index",
+           "--find-links", stage,
            "--upgrade", "--force-reinstall", "--no-compile"]
     await priv.check([*pip, *(["--no-deps"] if no_deps else []), "cuvil-edge"], timeout=1800)
     await priv.check(["rm", "-rf", "--", stage])

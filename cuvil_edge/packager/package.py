@@ -38,6 +38,7 @@ from cuvil_edge.packager.data import (
     with_batch_axes,
 )
 from cuvil_edge.packager.load import load_model, model_inputs, model_outputs
+from cuvil_edge.packager.partial_quant import quantized_nodes, subgraph_node_count
 from cuvil_edge.packager.quantize import Quantizer, convert_fp16, target_arithmetic
 from cuvil_edge.packager.validate import ValidationReport, make_session, validate_models
 from cuvil_edge.recipes import QUANTIZERS, AccuracyGoal, Recipe, choices
@@ -201,6 +202,13 @@ def _quantize_cuvil(step: QuantizerStep) -> tuple[onnx.ModelProto, dict[str, Any
         info["excluded_nodes"] = list(q.excluded)
         info["exclude_patterns"] = list(q.exclude_patterns)
         info["range_split"] = list(q.range_split)
+        info["quantized_nodes"] = len(quantized_nodes(quantized))
+        info["subgraph_nodes_in_float"] = subgraph_node_count(quantized)
+    if info["subgraph_nodes_in_float"]:
+        say(f"warning: {info['subgraph_nodes_in_float']} node(s) inside If/Loop/Scan bodies stay in float "
+            f"(only the main graph is quantized; {info['quantized_nodes']} node(s) there read INT8)")
+    elif not info["quantized_nodes"]:
+        say("warning: no node of the model was quantized; the bundle computes in float")
     info["accuracy_arithmetic"] = ("exact Q/DQ emulation: the target's integer arithmetic computed in float "
                                    "operators, identical on any host (not the host's fused INT8 kernels)")
     info["fp16_nodes"], info["fp32_nodes"] = [], []

@@ -18,7 +18,8 @@ import copy
 
 import onnx
 
-__all__ = ["float_nodes_except", "node_reads", "quantized_nodes", "sort_topologically", "with_float_nodes"]
+__all__ = ["float_nodes_except", "node_reads", "quantized_nodes", "sort_topologically", "subgraph_node_count",
+           "with_float_nodes"]
 
 _QDQ = ("QuantizeLinear", "DequantizeLinear")
 
@@ -29,6 +30,19 @@ def quantized_nodes(quantized: onnx.ModelProto) -> list[str]:
     dq_out = {o for n in quantized.graph.node if n.op_type == "DequantizeLinear" for o in n.output}
     return [n.name for n in quantized.graph.node
             if n.op_type not in _QDQ and n.name and any(i in dq_out for i in n.input)]
+
+
+def subgraph_node_count(model: onnx.ModelProto) -> int:
+    """Nodes inside If/Loop/Scan bodies (at any depth): ONNX Runtime's QDQ quantizer leaves them float."""
+    def count(graph: onnx.GraphProto) -> int:
+        total = 0
+        for n in graph.node:
+            for a in n.attribute:
+                for g in ([a.g] if a.HasField("g") else []) + list(a.graphs):
+                    total += len(g.node) + count(g)
+        return total
+
+    return count(model.graph)
 
 
 def float_nodes_except(quantized: onnx.ModelProto, keep: list[str]) -> set[str]:

@@ -29,7 +29,7 @@ def _exception_classes() -> dict[str, type[BaseException]]:
 
 def test_the_walk_finds_the_classes_outside_errors_py():
     outside = {k for k in _exception_classes() if not k.startswith("cuvil_edge.errors:")}
-    assert {"cuvil_edge.daemon.kserve:BadRequest", "cuvil_edge.deploy.transport:Unreachable",
+    assert {"cuvil_edge.daemon.infer:BadRequest", "cuvil_edge.deploy.transport:Unreachable",
             "cuvil_edge.runtime.trt.tensorrt_import:TensorRTMissing"} <= outside
     assert len(outside) >= 11
 

@@ -117,7 +117,6 @@ def test_finding2_half_open_calls_time_out_and_over_max_rpcs_is_resource_exhaust
         assert d.grpc_client().is_server_live()
         frames = h2raw.read_frames(s, 3.0)  # the eight end with DEADLINE_EXCEEDED after 1.5 s
         assert _stream_ends(frames) >= {1 + 2 * i for i in range(8)}
-        assert b"grpc-status" in b"".join(p for _, _, _, p in frames) or frames
         assert _infer(d, digits_data[:2]).shape == (2, 10)
     finally:
         s.close()

@@ -186,7 +186,8 @@ def fake_board(root: Path, kind: str) -> None:
             (L4T R36.4.3, TensorRT 10.3.0): the ``/proc/sys/kernel/arch`` and
             ``/proc/device-tree/model`` it shows, its ``/etc/nv_tegra_release`` first line and
             the dpkg status entry of the ``tensorrt`` package. ``orin-nano-jp6`` is the same
-            board on JetPack 6.0 (L4T R36.3.0, TensorRT 8.6.2). ``aarch64`` is a plain arm64
+            board on JetPack 6.0 (L4T R36.3.0, TensorRT 8.6.2); ``agx-orin-jp62`` a Jetson AGX Orin
+            64GB developer kit on JetPack 6.2 (same SM 8.7, another module). ``aarch64`` is a plain arm64
             board (only the kernel's architecture).
     """
     (root / "proc/sys/kernel").mkdir(parents=True, exist_ok=True)
@@ -194,13 +195,17 @@ def fake_board(root: Path, kind: str) -> None:
     if kind == "aarch64":
         return
     releases = {"orin-nano-jp62": ("36", "4.3", "10.3.0.30-1+cuda12.5"),
-                "orin-nano-jp6": ("36", "3.0", "8.6.2.3-1+cuda12.2")}
+                "orin-nano-jp6": ("36", "3.0", "8.6.2.3-1+cuda12.2"),
+                "agx-orin-jp62": ("36", "4.3", "10.3.0.30-1+cuda12.5")}
     major, rev, trt = releases[kind]
+    agx = kind.startswith("agx-orin")
     (root / "proc/device-tree").mkdir(parents=True, exist_ok=True)
     (root / "proc/device-tree/model").write_bytes(
-        b"NVIDIA Jetson Orin Nano Engineering Reference Developer Kit Super\x00"
+        b"NVIDIA Jetson AGX Orin Developer Kit\x00" if agx
+        else b"NVIDIA Jetson Orin Nano Engineering Reference Developer Kit Super\x00"
     )
-    (root / "proc/meminfo").write_text("MemTotal:        7823756 kB\nMemFree:         4203000 kB\n")
+    mem_kb = 64335836 if agx else 7823756
+    (root / "proc/meminfo").write_text(f"MemTotal:        {mem_kb} kB\nMemFree:         4203000 kB\n")
     (root / "etc").mkdir(parents=True, exist_ok=True)
     (root / "etc/nv_tegra_release").write_text(
         f"# R{major} (release), REVISION: {rev}, GCID: 38968081, BOARD: generic, EABI: aarch64, "

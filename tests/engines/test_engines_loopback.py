@@ -228,3 +228,27 @@ def test_deploy_build_engines_and_ctrl_c_stops_the_device_build(board, engine_bu
     assert len(list(key_dir.glob("*.plan"))) == 1  # only v1's engine
     assert not (a.store / "engines" / ".build").exists() or not list((a.store / "engines" / ".build").iterdir())
     assert not list((tmp_path / "c2").rglob("*.plan")) if (tmp_path / "c2").exists() else True
+
+
+def test_the_host_cache_never_hands_one_modules_engine_to_another(board, engine_bundles, engine_keys, host_cache,
+                                                                   capsys):
+    """An Orin Nano and an AGX Orin are both SM 8.7 on JetPack 6.2: the AGX gets its own build,
+    never the Nano's cached engine or timing cache."""
+    from engine_harness import bundle_key_slug
+
+    nano, agx = board.device("nano", daemon=False), board.device("agx", daemon=False, kind="agx-orin-jp62")
+    pub = str(engine_keys["public"])
+    outcomes = []
+    for dev in (nano, agx):
+        assert main(["engine", "build", str(engine_bundles["v1"]), "--pub", pub, *board.args(dev, "--on"),
+                     "--builder", "standin", "--device-cli", CLI, "--json"]) == 0
+        outcomes.append(json.loads(capsys.readouterr().out)[0])
+    assert [(o["status"], o["builds"]) for o in outcomes] == [("built", 1), ("built", 1)]
+    assert outcomes[0]["key"] == KEY_SLUG and outcomes[1]["key"] == bundle_key_slug("agx-orin-16sm-64gb")
+    assert sorted(p.name for p in host_cache.iterdir()) == sorted(o["key"] for o in outcomes)
+    # The same again: each module now gets its own engine back (present), none crosses over.
+    for dev, want in ((nano, outcomes[0]), (agx, outcomes[1])):
+        assert main(["engine", "build", str(engine_bundles["v1"]), "--pub", pub, *board.args(dev, "--on"),
+                     "--builder", "standin", "--device-cli", CLI, "--json"]) == 0
+        again = json.loads(capsys.readouterr().out)[0]
+        assert (again["status"], again["key"], again["plan_sha256"]) == ("present", want["key"], want["plan_sha256"])

@@ -125,6 +125,7 @@ class TestSubgraphsAndNames:
         out = tmp_path / "ifm.cvb"
         result = package(recipe, out, keypair[0], enforce_goal=False)
         assert result.report["quantization"]["kept_float_groups"]  # the search promoted something
+        assert result.report["quantization"]["subgraph_nodes_in_float"] == 2  # said, not silent
         _accepted_by_own_tools(out, model, calib, cli, tmp_path)
 
     def test_silero_vad_mixed_for_orin_loads(self, tmp_path, keypair, cli):
