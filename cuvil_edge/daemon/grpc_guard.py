@@ -24,9 +24,10 @@ same HTTP/2 frames) so that:
 
 What grpcio does not let the daemon do, and the bound that holds instead, is in docs/hardening.md:
 a per-method receive limit (the channel-wide ``--grpc-max-message-mb`` applies to every method
-but the health ones, which read nothing) and closing one abusive connection with GOAWAY (chttp2
-refuses streams over ``grpc.max_concurrent_streams`` and tarpits resets; the daemon bounds what
-each stream costs).
+but the health ones, which read nothing), resetting one stream or closing one connection from a
+handler (an answer not taken stays counted until the client reads or leaves), and a reset budget
+(the server options answer every reset with a PING and close, with GOAWAY, a connection that
+does not answer it within ``--request-timeout``).
 """
 
 from __future__ import annotations
