@@ -47,6 +47,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seconds", type=float, default=15.0)
     ap.add_argument("--out", type=Path)
+    ap.add_argument("--daemon-args", default="", help="more cuvil-edged options, e.g. '--request-timeout 5'")
     args = ap.parse_args()
     import grpc
     import tritonclient.grpc as grpcclient
@@ -63,7 +64,8 @@ def main() -> int:
     log = work / "daemon.log"
     with log.open("wb") as out:
         daemon = subprocess.Popen([sys.executable, "-m", "cuvil_edge.daemon.main", "--store", str(store), "--port", "0",
-                                   "--grpc-port", "0", "--token", TOKEN], stdout=out, stderr=subprocess.STDOUT, cwd=REPO)
+                                   "--grpc-port", "0", "--token", TOKEN, *args.daemon_args.split()],
+                                  stdout=out, stderr=subprocess.STDOUT, cwd=REPO)
     try:
         deadline = time.monotonic() + 60
         while not (m := re.search(r"grpc://(\S+?),? serving", log.read_text())):
