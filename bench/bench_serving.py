@@ -374,6 +374,77 @@ def _summary(lat: np.ndarray, wall: float, concurrency: int, errors: int) -> dic
     }
 
 
+def tree_rss_mb(pid: int) -> float:
+    """Resident memory of ``pid`` and its live descendants, MiB (Triton's Python backend stub is a
+    child process): what the board's RAM gives the server."""
+    parents: dict[int, int] = {}
+    rss: dict[int, int] = {}
+    page = os.sysconf("SC_PAGE_SIZE")
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rpartition(")")[2].split()
+            pages = int((entry / "statm").read_text().split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        parents[int(entry.name)] = int(fields[1])
+        rss[int(entry.name)] = pages * page
+    total, todo = 0, [pid]
+    while todo:
+        p = todo.pop()
+        total += rss.get(p, 0)
+        todo.extend(c for c, pp in parents.items() if pp == p)
+    return round(total / 1048576, 1)
+
+
+def memory_compare(models: dict[str, dict[str, Any]], work: Path, extra: list[str], with_triton: bool,
+                   requests: int = 50) -> dict[str, Any]:
+    """Process-tree RSS of each server serving one model alone: after load and warm-up, and after
+    ``requests`` batch-1 requests and a 16-client burst (batches form), one server at a time."""
+    import tritonclient.http as httpclient
+
+    out: dict[str, Any] = {}
+    for key, m in models.items():
+        one = {key: m}
+        x = np.random.default_rng(0).random((1, *m["shape"]), dtype=np.float32)
+        entry: dict[str, Any] = {"model": m["name"]}
+        servers = [("cuvil-edged", lambda w, one=one: start_cuvil(make_cuvil_store(w / "store", one), w, *extra))]
+        if with_triton:
+            servers.append(("triton-2.51-python-backend",
+                            lambda w, one=one: start_triton(make_triton_repo(w / "repo", one), w)))
+        for label, start in servers:
+            w = work / f"mem-{key}-{label}"
+            w.mkdir(parents=True)
+            proc, url, _ = start(w)
+            try:
+                wait_model_ready(url, m["name"], proc)
+                time.sleep(1.0)
+                ready = tree_rss_mb(proc.proc.pid)
+                c = httpclient.InferenceServerClient(url)
+                inp = httpclient.InferInput("input", list(x.shape), "FP32")
+                inp.set_data_from_numpy(x)
+                t0 = time.perf_counter()
+                c.infer(m["name"], [inp])
+                first_ms = (time.perf_counter() - t0) * 1e3
+                for _ in range(requests - 1):
+                    c.infer(m["name"], [inp])
+                c.close()
+                after_requests = tree_rss_mb(proc.proc.pid)
+                run_load(url, m["name"], x, 16, 3.0, 2)
+                after_load = tree_rss_mb(proc.proc.pid)
+            finally:
+                proc.stop()
+            entry[label] = {"rss_mb_after_warmup": ready, f"rss_mb_after_{requests}_requests": after_requests,
+                            "rss_mb_after_x16_load": after_load, "first_request_ms": round(first_ms, 2)}
+            print(f"[{key}] memory {label}: {entry[label]}", flush=True)
+        if with_triton:
+            c_, t_ = entry["cuvil-edged"], entry["triton-2.51-python-backend"]
+            entry["ratio_vs_triton"] = {k: round(c_[k] / t_[k], 3) for k in c_ if k.startswith("rss")}
+        out[key] = entry
+    return out
+
+
 def tree_cpu_s(pid: int) -> float:
     """CPU seconds (user + system) used so far by ``pid`` and its live descendants (Triton's Python
     backend stubs are child processes)."""
@@ -493,6 +564,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--daemon-args", default="", help="extra cuvil-edged arguments for every daemon, e.g. '--spin 1'")
     ap.add_argument("--protocols", default="http,grpc", help="comma list: http, grpc (both servers, same rounds)")
     ap.add_argument("--no-batching", action="store_true", help="skip the x16 dynamic batching comparison")
+    ap.add_argument("--no-memory", action="store_true", help="skip the process-tree memory comparison")
+    ap.add_argument("--memory-only", action="store_true", help="only the memory comparison (no throughput rounds)")
     ap.add_argument("--out", type=Path, default=RESULTS / "serving.json")
     args = ap.parse_args(argv)
     which = [m for m in args.models.split(",") if m]
@@ -522,6 +595,17 @@ def main(argv: list[str] | None = None) -> int:
         "daemon_args": args.daemon_args,
         "models": {},
     }
+    if args.memory_only:
+        results["memory"] = memory_compare(models, work, shlex.split(args.daemon_args), not args.no_triton)
+        results["machine"]["load_average_at_end"] = list(os.getloadavg())
+        results["goals"] = _goals(results)
+        from cuvil_edge._atomic import atomic_write_text
+
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(args.out, json.dumps(results, indent=2) + "\n")
+        shutil.rmtree(work, ignore_errors=True)
+        print(json.dumps(results["goals"], indent=2))
+        return 0
     procs: list[Proc] = []
     try:
         extra = shlex.split(args.daemon_args)
@@ -609,6 +693,8 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         for p in procs:
             p.stop()
+    if not args.no_memory:
+        results["memory"] = memory_compare(models, work, shlex.split(args.daemon_args), not args.no_triton)
     results["machine"]["load_average_at_end"] = list(os.getloadavg())
     results["goals"] = _goals(results)
     args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -663,6 +749,11 @@ def _goals(results: dict[str, Any]) -> dict[str, Any]:
         if "batching_x16" in e:
             goals[f"{key}_batching_gain_x16"] = e["batching_x16"]["throughput_gain"]
             goals[f"{key}_batching_gain_x16_max8_untuned"] = e["batching_x16"]["throughput_gain_max8_untuned"]
+    for key, e in results.get("memory", {}).items():
+        ratio = e.get("ratio_vs_triton")
+        if ratio:
+            goals[f"{key}_memory_ratio_vs_triton"] = ratio
+            goals[f"{key}_memory_met"] = all(v <= 0.8 for v in ratio.values())
     return goals
 
 

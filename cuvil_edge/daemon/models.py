@@ -201,6 +201,9 @@ class ModelInstance:
         self.single_us = (time.perf_counter() - t0) * 1e6
         if self.max_batch > 1 and self._autotune:
             self.batch_limit = self._tune_batch(one)
+            # Timing batch 8 grew the runtime's arena by its activations: give them back, so the
+            # daemon's memory after warm-up is what serving needs (bench_serving reports both).
+            self.backend.release_scratch(one)
 
     def _tune_batch(self, one: dict[str, np.ndarray]) -> int:
         """The batch size with the lowest time per sample, measured at warm-up on the warm-up input.

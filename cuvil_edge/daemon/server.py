@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
 import gc
 import logging
 import os
@@ -61,20 +60,28 @@ STARTUP_FAILURE = 3  # exit code, as uvicorn's
 REVERT_CHECK_S = 1.0  # how often the tick looks for deploy switches past their confirm deadline
 
 
+def trim_heap() -> None:
+    """Hand the C heap's free pages back to the kernel (glibc's ``malloc_trim``): loading and
+    warming models frees tens of MB that glibc keeps mapped otherwise (measured on
+    EfficientNet-Lite0: about 20 MB). A no-op where the C library has no such call."""
+    import ctypes
+    import ctypes.util
+
+    name = ctypes.util.find_library("c")
+    try:
+        libc = ctypes.CDLL(name) if name else None
+        if libc is not None and hasattr(libc, "malloc_trim"):
+            libc.malloc_trim(0)
+    except OSError:
+        pass
+
+
 def freeze_heap() -> None:
     """Collect once, then move every object alive now (modules, sessions, manifests) out of the
     garbage collector's generations (``gc.freeze``), so the periodic full collections that
     request garbage triggers only walk young objects: fewer multi-millisecond pauses in p99."""
     gc.collect()
     gc.freeze()
-
-
-def malloc_trim() -> None:
-    """Give the C heap's free memory back to the system (glibc); a no-op elsewhere."""
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
 
 
 class Server:
@@ -179,6 +186,7 @@ class Server:
             raise DaemonError(f"no model can serve: {len(failed)} failed to load "
                               f"({', '.join(sorted(failed))}); see the errors above")
         freeze_heap()
+        trim_heap()
         self.state.ready = True
         self.state.phase = "ready"
         loaded = [f"{i.name}:{i.version}" for i in self.registry.instances()]
@@ -415,7 +423,7 @@ class Server:
             # Answers of a few MiB live in the C heap's arenas, not in their own mappings: freed,
             # they stay in the process until the heap is trimmed.
             self.state.trim_wanted = False
-            malloc_trim()
+            trim_heap()
         instances = self.registry.instances() if self.registry else []
         self.resources.tick(instances)
         oldest_s = 0.0

@@ -304,6 +304,11 @@ class Backend(abc.ABC):
         """Memory this backend holds (or will hold) once active."""
         return self.footprint_impl()
 
+    def release_scratch(self, feed: Mapping[str, np.ndarray]) -> None:
+        """Give back the scratch memory larger batches grew (after warm-up timed every batch size),
+        running ``feed`` (a small input) once to do it. Runtimes without such a pool do nothing."""
+        return None
+
     def __enter__(self) -> Backend:
         self.activate()
         return self

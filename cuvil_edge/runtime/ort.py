@@ -192,6 +192,16 @@ class OrtBackend(Backend):
         values = self._session.run(names, feed)
         return dict(zip(names, values, strict=True))
 
+    def release_scratch(self, feed: Mapping[str, np.ndarray]) -> None:
+        """One run with ONNX Runtime's arena shrinkage: the CPU arena frees the chunks the run
+        leaves unused, the activations of the largest batch timed at warm-up (EfficientNet-Lite0:
+        about 85 MB of a 200 MB process). Serving grows them again only if such batches form."""
+        import onnxruntime as ort
+
+        ro = ort.RunOptions()
+        ro.add_run_config_entry("memory.enable_memory_arena_shrinkage", "cpu:0")
+        self._session.run(self._output_names, dict(feed), ro)
+
     def input_specs_impl(self) -> list[TensorSpec]:
         if not self._inputs:
             self._inputs, self._outputs = self._read_specs()
