@@ -9,6 +9,7 @@ traceback::
     ├── RecipeError          bad recipe file or field
     ├── ModelError           not an ONNX file, truncated, fails the checker
     │   ├── EngineError              bundle/engine_store.py: no key for this device, wrong model, corrupt plan
+    │   │   └── RecordInvalid        bundle/engine_store.py: an engine record file that is not a record
     │   └── BuildStopped             packager/engine_device.py: a device build stopped by a signal
     ├── DataError            calibration/evaluation data missing, empty or of the wrong shape
     ├── QuantizationError    quantization could not produce a model
@@ -28,6 +29,7 @@ traceback::
     │   ├── SharedMemoryError        daemon/shm.py: a shared-memory request the client must fix
     │   ├── JsonRefused              daemon/limits.py: a JSON body refused (too big, deep, malformed); also a ValueError
     │   ├── RpcFailure               daemon/grpc_server.py: an RPC answered with a gRPC error status
+    │   ├── _Refused                 daemon/grpc_guard.py: a call the transport guard ends (slot, budget, timeout)
     │   └── CudaInitError            runtime/cuda_standin.py: the CUDA-init stand-in could not open a GPU node
     ├── DeployError          transport, device check, health gate, rollback
     │   ├── Unreachable              deploy/transport.py: network, auth or host key

@@ -320,17 +320,17 @@ def run_suite(target_name: str, suite: str = "smoke", report_path: Path | None =
         report.update(passed=outcomes.count("passed"), failed=outcomes.count("failed"),
                       skipped=outcomes.count("skipped"), seconds=round(time.time() - t0, 1))
         report.update(verdict(report, allow_fallback))
-        if report_path is not None:
-            write_report(report, report_path)
         run_dir_s = report.get("run_dir")
         if run_dir_s:
-            write_report(report, Path(run_dir_s) / "report.json")
-            if (report["ok"] or clean) and not keep:
-                shutil.rmtree(run_dir_s, ignore_errors=True)
-                report["run_dir_kept"] = False
-            else:
-                report["run_dir_kept"] = True
+            report["run_dir_kept"] = not ((report["ok"] or clean) and not keep)
+        if report_path is not None:
+            write_report(report, report_path)
+        if run_dir_s:
+            if report["run_dir_kept"]:
+                write_report(report, Path(run_dir_s) / "report.json")
                 con.print(f"evidence kept in {run_dir_s} (console, journal, report, overlay)", highlight=False)
+            else:
+                shutil.rmtree(run_dir_s, ignore_errors=True)
     return report
 
 

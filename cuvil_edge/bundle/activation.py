@@ -467,6 +467,7 @@ class Recovered:
     reverted: list[Reverted] = field(default_factory=list)
     quarantined: list[str] = field(default_factory=list)  # "<name> <version>: why"
     repointed: list[str] = field(default_factory=list)  # "<name>: current a -> b"
+    cleaned: list[str] = field(default_factory=list)  # staging leftovers of steps that are gone
 
     @property
     def changed(self) -> bool:
@@ -474,7 +475,8 @@ class Recovered:
 
     def lines(self) -> list[str]:
         return ([f"reverted unconfirmed switch of {r.name} {r.version}: {r.reason}" for r in self.reverted]
-                + [f"quarantined {q}" for q in self.quarantined] + [f"repointed {p}" for p in self.repointed])
+                + [f"quarantined {q}" for q in self.quarantined] + [f"repointed {p}" for p in self.repointed]
+                + [f"removed staging leftover {c}" for c in self.cleaned])
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -533,6 +535,38 @@ def _quarantine_corrupt(layout: StoreLayout, name: str, version: str) -> None:
     fsync_dir(layout.bundle_dir(name))
 
 
+def _clean_staging(layout: StoreLayout, min_age_s: float = 60.0) -> list[str]:
+    """Remove what an unpack or a prune cut short left in ``deploy/staging/`` (names end in the
+    pid of their step: ``<name>-<version>.<pid>``, ``.prune-<name>-<version>.<pid>``) once that
+    process is gone and the entry is ``min_age_s`` old; never anything in use."""
+    def pid_alive(pid: int) -> bool:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except OSError:  # EPERM: alive under another user
+            return True
+        return True
+
+    removed = []
+    try:
+        entries = os.listdir(layout.staging_root)
+    except OSError:
+        return removed
+    now = time.time()
+    for entry in entries:
+        pid = entry.rsplit(".", 1)[-1]
+        path = os.path.join(layout.staging_root, entry)
+        try:
+            if not pid.isdigit() or pid_alive(int(pid)) or now - os.lstat(path).st_mtime < min_age_s:
+                continue
+        except OSError:
+            continue
+        shutil.rmtree(path, ignore_errors=True)
+        removed.append(entry)
+    return removed
+
+
 def _newest_healthy(layout: StoreLayout, name: str, state: dict[str, Any], present: list[str]) -> str | None:
     """The served version to fall back to: ``previous`` when it is healthy and present, else the
     healthy present version installed last."""
@@ -553,10 +587,11 @@ def recover_store(store: str | os.PathLike[str], by: str = "recover", now: float
     2. verify every version's files against its manifest; move one that fails to quarantine and
        mark it unhealthy (a power cut before the fsyncs of an older release leaves 0-byte files);
     3. when ``current`` names a version that is gone, or one recorded unhealthy with no switch
-       pending, point it at ``previous`` or the newest healthy version (or remove it).
+       pending, point it at ``previous`` or the newest healthy version (or remove it);
+    4. remove staging leftovers of unpack and prune steps that are gone.
     """
     layout = StoreLayout.of(store)
-    report = Recovered(reverted=revert_expired(store, by, now))
+    report = Recovered(reverted=revert_expired(store, by, now), cleaned=_clean_staging(layout))
     try:
         names = sorted(n for n in os.listdir(layout.bundles_dir) if is_safe_component(n))
     except OSError:

@@ -134,7 +134,8 @@ OPTIONS: dict[str, tuple[Any, str]] = {
     "grpc_uds": (Path, "serve gRPC on this Unix socket instead (default with --uds: NAME-grpc.sock beside it)"),
     "grpc_max_message_mb": (float, "largest gRPC request message, MiB (default: --max-body-mb)"),
     "grpc_max_streams": (int, "HTTP/2 streams (calls) open at once per gRPC connection"),
-    "grpc_max_rpcs": (int, "gRPC calls in progress at once; more get RESOURCE_EXHAUSTED"),
+    "grpc_max_rpcs": (int, "authenticated gRPC calls in progress at once (health calls apart); more get "
+                      "RESOURCE_EXHAUSTED"),
     "shared_memory": (_bool, "serve Triton's system shared-memory extension (tensors in /dev/shm regions a "
                       "local client registers); 0 refuses every region"),
     "token": (str, "require 'Authorization: Bearer <token>' on every endpoint but /v2/health/*; "

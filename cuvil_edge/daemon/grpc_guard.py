@@ -24,9 +24,10 @@ same HTTP/2 frames) so that:
 
 What grpcio does not let the daemon do, and the bound that holds instead, is in docs/hardening.md:
 a per-method receive limit (the channel-wide ``--grpc-max-message-mb`` applies to every method
-but the health ones, which read nothing) and closing one abusive connection with GOAWAY (chttp2
-refuses streams over ``grpc.max_concurrent_streams`` and tarpits resets; the daemon bounds what
-each stream costs).
+but the health ones, which read nothing), resetting one stream or closing one connection from a
+handler (an answer not taken stays counted until the client reads or leaves), and a reset budget
+(the server options answer every reset with a PING and close, with GOAWAY, a connection that
+does not answer it within ``--request-timeout``).
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ import grpc
 
 from cuvil_edge.daemon.limits import ANSWER_WINDOW as WINDOW
 from cuvil_edge.daemon.limits import ANSWERS_FULL, answer_bytes
+from cuvil_edge.errors import DaemonError
 
 __all__ = ["BUFFERED_FULL", "CallGate", "GuardedHandlers", "WINDOW"]
 
@@ -65,8 +67,8 @@ class CallGate:
         self.active -= 1
 
 
-class _Refused(Exception):
-    """Raised inside a guard to end the call with ``code`` and ``message``."""
+class _Refused(DaemonError):
+    """A call the guard ends with ``code`` and ``message`` (never raised: passed to ``_end``)."""
 
     def __init__(self, code: grpc.StatusCode, message: str) -> None:
         super().__init__(message)

@@ -328,6 +328,10 @@ class GrpcFrontend:
             ("grpc.http2.ping_timeout_ms", int(cfg.request_timeout * 1000)),
             ("grpc.keepalive_permit_without_calls", 1),
             ("grpc.http2.max_pings_without_data", 0),  # keep-alive pings go out while data is blocked
+            # Every reset a client sends is answered with a PING (grpcio: 1 %); a rapid-reset client
+            # that does not answer them is closed after --request-timeout, and one that does not
+            # read them is slowed down (chttp2 stops reading past 10,000 unsent induced frames).
+            ("grpc.http2.ping_on_rst_stream_percent", 100),
             # --max-connections bounds this listener as it bounds HTTP's (each counts its own):
             # gRPC core closes a connection over the cap right after accepting it, before it
             # reads a byte, so a flood of clients costs a socket each for an instant.

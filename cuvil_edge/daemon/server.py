@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
 import gc
 import logging
 import os
@@ -83,14 +82,6 @@ def freeze_heap() -> None:
     request garbage triggers only walk young objects: fewer multi-millisecond pauses in p99."""
     gc.collect()
     gc.freeze()
-
-
-def malloc_trim() -> None:
-    """Give the C heap's free memory back to the system (glibc); a no-op elsewhere."""
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
 
 
 class Server:
@@ -432,7 +423,7 @@ class Server:
             # Answers of a few MiB live in the C heap's arenas, not in their own mappings: freed,
             # they stay in the process until the heap is trimmed.
             self.state.trim_wanted = False
-            malloc_trim()
+            trim_heap()
         instances = self.registry.instances() if self.registry else []
         self.resources.tick(instances)
         oldest_s = 0.0

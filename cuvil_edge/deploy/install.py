@@ -13,6 +13,7 @@ the device root is ``/``).
 from __future__ import annotations
 
 import os
+import posixpath
 import time
 from dataclasses import asdict, dataclass, field
 from importlib import resources
@@ -160,13 +161,21 @@ def sudo_message(label: str, stderr: str) -> str:
 
 
 def with_exec_start(unit: bytes, executable: str) -> bytes:
-    """The unit with ``ExecStart=`` running ``executable`` (same arguments)."""
+    """The unit with ``ExecStart=`` running ``executable`` (same arguments), and the root
+    ``ExecStartPre=`` step (``cuvil-edge-device recover``) from the same ``bin`` directory, so a
+    venv install reverts and recovers with its own code (docs/deploy.md, "Who owns the store")."""
+    device_tool = posixpath.join(posixpath.dirname(executable), "cuvil-edge-device")
     out = []
     for line in unit.decode("utf-8").splitlines(keepends=True):
         if line.startswith("ExecStart="):
             args = line[len("ExecStart="):].split(None, 1)
             rest = " " + args[1] if len(args) > 1 else "\n"
             line = f"ExecStart={executable}{rest}"
+        elif line.startswith("ExecStartPre=") and "/cuvil-edge-device" in line:
+            head, _, tail = line[len("ExecStartPre="):].partition("/")
+            args = ("/" + tail).split(None, 1)
+            rest = " " + args[1] if len(args) > 1 else "\n"
+            line = f"ExecStartPre={head}{device_tool}{rest}"
         out.append(line)
     return "".join(out).encode("utf-8")
 

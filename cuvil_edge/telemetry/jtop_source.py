@@ -1,6 +1,7 @@
 """Telemetry from jetson-stats' ``jtop`` service (``/run/jtop.sock``), when it runs on the board.
 
-``jetson-stats`` is optional (``pip install cuvil-edge[jetson]``) and imported only when this
+``jetson-stats`` is optional (``sudo pip3 install jetson-stats`` into the system Python, which also
+runs its service; a venv made with ``--system-site-packages`` sees it) and imported only when this
 source opens. The conversion from jtop's properties to a :class:`Sample` is a pure function,
 :func:`sample_from_jtop`, following the structures jetson-stats 4.x documents in ``jtop/jtop.py``:
 ``memory['RAM'] = {'tot', 'used', 'lfb', ...}`` in kB with ``lfb`` counted in 4 MB blocks,
@@ -107,7 +108,8 @@ class JtopSource(TelemetrySource):
     def __init__(self, interval_s: float = 1.0) -> None:
         super().__init__(interval_s)
         jtop = optional_import("jtop", needed_for="the jtop source (jetson-stats)",
-                               install="pip install 'cuvil-edge[jetson]'", error=TelemetryError).jtop
+                               install="sudo pip3 install jetson-stats (the system Python; it runs jtop's service)",
+                               error=TelemetryError).jtop
         try:
             self._jetson = jtop(interval=interval_s)
             self._jetson.start()

@@ -202,6 +202,9 @@ class TelemetryMonitor:
             Defaults to 5.0.
         silence_s (float | None): a source that yields nothing this long is considered dead.
             Defaults to ``max(3 * interval_s, 2.0)``.
+        start_s (float | None): how long a source may take for its first sample (a process such
+            as tegrastats starting on a board busy loading models). Defaults to
+            ``max(silence_s, 10.0)``.
         source_kw (dict | None): extra keyword arguments for :func:`open_source`.
 
     Example::
@@ -221,6 +224,7 @@ class TelemetryMonitor:
         retry_s: float = 5.0,
         silence_s: float | None = None,
         source_kw: dict[str, Any] | None = None,
+        start_s: float | None = None,
     ) -> None:
         if isinstance(spec, str):
             self._chain: list[str | TelemetrySource] = list(expand_spec(spec))
@@ -233,6 +237,7 @@ class TelemetryMonitor:
         self.interval_s = float(interval_s)
         self.retry_s = float(retry_s)
         self.silence_s = float(silence_s) if silence_s is not None else max(3 * self.interval_s, 2.0)
+        self.start_s = float(start_s) if start_s is not None else max(self.silence_s, 10.0)
         self._source_kw = dict(source_kw or {})
         self._subs: list[Subscriber] = []
         self._lock = threading.Lock()
@@ -376,9 +381,11 @@ class TelemetryMonitor:
                 return
 
     def _pump(self, src: TelemetrySource) -> str:
+        timeout = self.start_s  # the first sample may take a process start; later ones an interval
         while not self._stop.is_set():
             try:
-                sample = src.read(timeout=self.silence_s)
+                sample = src.read(timeout=timeout)
+                timeout = self.silence_s
             except SourceExhausted as exc:
                 return f"ended: {exc}"
             except TelemetryError as exc:

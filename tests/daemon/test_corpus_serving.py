@@ -1,9 +1,8 @@
 """Every model of the packager's real-model corpus starts and serves, with default options.
 
 The bundles are the packager's own (``cuvil-edge package``, real data from the corpus locator,
-``tests/packager/corpus.py``), except Silero VAD's, written here by hand with the same manifest
-fields the packager writes for it (state input with its batch axis, scalar sample rate) until the
-packager packages scalar inputs. One daemon serves them all; stock tritonclient over HTTP and
+``tests/packager/corpus.py``; Silero VAD's state input batches on axis 1 and its sample rate is a
+scalar, as the manifest says). One daemon serves them all; stock tritonclient over HTTP and
 gRPC sends each bundle's ``sample/inputs.npz`` and must get ``sample/expected.npz`` back (the
 packager's emulation of the bundle) within the manifest's tolerances. The VAD runs as a stream,
 its state carried by the client, two streams interleaved, each equal to its own run by ONNX
@@ -13,8 +12,6 @@ Runtime (requests of different streams never batch together).
 from __future__ import annotations
 
 import importlib.util
-import json
-import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -39,14 +36,18 @@ def _daemon_helpers() -> ModuleType:
 
 
 _h = _daemon_helpers()
-Daemon, _run_ort, install = _h.Daemon, _h._run_ort, _h.install
+Daemon, _run_ort = _h.Daemon, _h._run_ort
 
 pytestmark = pytest.mark.slow
 
-PACKAGED = ("nudenet-320n", "centerface", "ocr-det", "ocr-rec", "ocr-cls", "minilm", "magika")
+PACKAGED = ("nudenet-320n", "centerface", "ocr-det", "ocr-rec", "ocr-cls", "minilm", "magika", "silero-vad")
 
 
 def _samples(name: str) -> list[dict[str, np.ndarray]]:
+    if name == "silero-vad":  # real frames of speech, the state each frame starts from, the rate
+        frames = corpus.vad_frames(corpus.speech_audio())[40:46]
+        return [{"input": f[None], "state": np.zeros((2, 1, 128), np.float32), "sr": np.array(16000, np.int64)}
+                for f in frames]
     if name == "minilm":
         return corpus.token_samples(6)
     if name == "magika":
@@ -64,31 +65,6 @@ def _package(name: str, out: Path, cli: Path) -> Path:
     return bundle
 
 
-def vad_bundle(dest: Path, frames: np.ndarray) -> Path:
-    """Silero VAD as the packager describes it: state [2, N, 128] batched on axis 1 and fed back
-    from ``stateN``, sample rate a scalar without a batch axis; the sample is one real frame."""
-    model = corpus.model_path("silero-vad")
-    dest.mkdir(parents=True)
-    shutil.copy(model, dest / "model.onnx")
-    feed = {"input": frames[:1], "state": np.zeros((2, 1, 128), np.float32), "sr": np.array(16000, np.int64)}
-    (dest / "sample").mkdir()
-    np.savez(dest / "sample" / "inputs.npz", **feed)
-    np.savez(dest / "sample" / "expected.npz", **_run_ort(model, feed))
-    manifest = {
-        "format": "cuvil-bundle/1", "name": "silero-vad", "version": "6.2.3", "precision": "fp32",
-        "format_kind": "ort-cpu", "model": "model.onnx", "max_batch": 8,
-        "inputs": [{"name": "input", "dtype": "float32", "shape": [-1, -1]},
-                   {"name": "state", "dtype": "float32", "shape": [2, -1, 128], "batch_axis": 1,
-                    "state_output": "stateN"},
-                   {"name": "sr", "dtype": "int64", "shape": [], "batch_axis": None}],
-        "outputs": [{"name": "output", "dtype": "float32", "shape": [-1, 1]},
-                    {"name": "stateN", "dtype": "float32", "shape": [-1, -1, -1]}],
-        "validation": {"rtol": 1e-3, "atol": 1e-4}, "files": [],
-    }
-    (dest / "manifest.json").write_text(json.dumps(manifest))
-    return dest
-
-
 @pytest.fixture(scope="module")
 def corpus_daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Daemon, Path]]:
     tmp = tmp_path_factory.mktemp("corpus")
@@ -100,7 +76,6 @@ def corpus_daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Da
     s = BundleStore(store)
     for name in PACKAGED:
         s.install(_package(name, tmp, cli), allow_unsigned=True)
-    install(store, vad_bundle(tmp / "vad", corpus.vad_frames(corpus.speech_audio())))
     d = Daemon(store, tmp / "daemon.log")  # default options
     try:
         yield d.wait_ready(timeout=300), store
@@ -139,9 +114,9 @@ def test_every_corpus_model_is_ready_and_answers_as_the_packager_emulates(corpus
 
     http, grpc = d.client(), d.grpc_client()
     index = {m["name"]: m for m in http.get_model_repository_index()}
-    assert {*PACKAGED, "silero-vad"} <= set(index)
+    assert set(PACKAGED) <= set(index)
     assert all(m["state"] == "READY" for m in index.values()), index
-    for name in (*PACKAGED, "silero-vad"):
+    for name in PACKAGED:
         feed, expected, (rtol, atol) = _bundle_io(store, name)
         for mod, client in ((httpclient, http), (grpcclient, grpc)):
             got = _infer(mod, client, name, feed)

@@ -201,3 +201,11 @@ def test_sudo_refusals_are_one_line():
     assert "cannot use sudo" in other and "\n" not in other
     assert with_exec_start(b"[Service]\nExecStart=/usr/local/bin/cuvil-edged --port 1\n", "/v/bin/cuvil-edged") == \
         b"[Service]\nExecStart=/v/bin/cuvil-edged --port 1\n"
+
+
+def test_venv_install_runs_the_root_recover_step_from_the_venv_too():
+    from cuvil_edge.deploy.install import default_unit, with_exec_start
+
+    unit = with_exec_start(default_unit(), "/opt/cuvil-edge/venv/bin/cuvil-edged").decode()
+    assert "ExecStartPre=-+/opt/cuvil-edge/venv/bin/cuvil-edge-device recover --store /var/lib/cuvil-edge\n" in unit
+    assert "/usr/local/bin/" not in unit

@@ -188,6 +188,19 @@ class TestRecoverAndPrune:
         assert state["versions"]["1.2.0"]["healthy"] is False
         assert act.recover_store(store).changed is False  # nothing more to do
 
+    def test_recover_removes_staging_leftovers_of_gone_steps_only(self, tmp_path):
+        store = self._store(tmp_path)
+        staging = store / "deploy" / "staging"
+        gone, live, fresh = staging / "m-1.3.0.999999999", staging / f"m-1.4.0.{os.getpid()}", staging / "m-1.5.0.999999998"
+        for d in (gone, live, fresh):
+            d.mkdir(parents=True)
+        old = time.time() - 3600
+        os.utime(gone, (old, old))
+        os.utime(live, (old, old))
+        report = act.recover_store(store)
+        assert report.cleaned == [gone.name]
+        assert not gone.exists() and live.exists() and fresh.exists()
+
     def test_prune_keeps_previous_and_newest_healthy_and_drops_unhealthy_first(self, tmp_path):
         store = self._store(tmp_path)
         _version(store, "m", "1.3.0")

@@ -52,6 +52,9 @@ class RecordingTransport:
     def can_write_eof(self) -> bool:
         return True
 
+    def get_write_buffer_size(self) -> int:
+        return 0  # the peer reads everything at once
+
     def pause_reading(self) -> None:
         self.paused = True
 

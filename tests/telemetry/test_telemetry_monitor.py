@@ -54,6 +54,20 @@ class TestTelemetryMonitor:
             assert wait_until(lambda: mon.latest is not None and mon.latest.source.startswith("sim:"))
         assert any("timeout" in e["reason"] for e in mon.events if e["kind"] == "died")
 
+    def test_a_source_slow_to_start_is_not_dead(self, tmp_path: Path) -> None:
+        """A tegrastats that needs a while for its first line (a busy board) is kept; silence after
+        its first line still counts."""
+        line = recorded_lines("orin_jp6.log")[2]
+        exe = tmp_path / "tegrastats"
+        exe.write_text(f"#!/bin/sh\nsleep 0.6\nwhile :; do echo '{line}'; sleep 0.05; done\n")
+        exe.chmod(0o755)
+        mon = TelemetryMonitor([f"tegrastats:{exe}", "sim:orin-nano-8gb@50"], interval_s=0.05, silence_s=0.2,
+                               start_s=3.0)
+        with mon:
+            assert mon.wait_for_sample(timeout=5) is not None
+            assert mon.latest is not None and mon.latest.source == "tegrastats"
+        assert not [e for e in mon.events if e["kind"] == "died"]
+
     def test_subscriber_errors_do_not_stop_the_stream(self) -> None:
         mon = TelemetryMonitor("sim:xavier-nx@100", interval_s=0.01)
         good: list[float] = []

@@ -15,7 +15,10 @@ from cuvil_edge.errors import CuvilEdgeError
 
 __all__ = ["TensorRTMissing", "import_pycuda", "import_tensorrt", "installed_tensorrt_version"]
 
-_INSTALL_HINT = "pip install cuvil-edge[jetson] (JetPack also ships it: apt install python3-libnvinfer)"
+# TensorRT comes from JetPack's apt packages into the system Python (PyPI's tensorrt refuses Tegra);
+# the jetson extra carries pycuda only, which builds on the board with CUDA_ROOT set.
+_INSTALL_HINT = ("sudo apt install python3-libnvinfer (JetPack's TensorRT; a venv sees it when made with "
+                 "--system-site-packages) and CUDA_ROOT=/usr/local/cuda pip install cuvil-edge[jetson] (pycuda)")
 
 
 class TensorRTMissing(CuvilEdgeError):
