@@ -140,8 +140,12 @@ def test_a_goal_the_task_cannot_measure_is_an_error_naming_the_fix():
 def test_detection_with_nothing_to_find_is_not_a_pass():
     spec = resolve_task({"kind": "detection", "head": "yolo"})
     empty = {"out": np.zeros((2, 40, 6), np.float32)}
-    with pytest.raises(AccuracyError, match="finds no detection.*score_threshold"):
-        measure(empty, empty, spec)
+    metrics, _ = measure(empty, empty, spec)
+    assert metrics["recall"] is None
+    with pytest.raises(RecipeError, match="'min_recall' cannot be computed for task 'detection': the original "
+                                          "model finds no detection above score_threshold"):
+        goal_failures(metrics, spec.goal(None))
+    assert goal_failures(metrics, AccuracyGoal(min_cosine=0.99), "detection") == []  # cosine still is
 
 
 def test_every_output_is_checked_not_just_the_first():

@@ -159,8 +159,12 @@ def measure(ref: Outputs, test: Outputs, spec: TaskSpec, labels: np.ndarray | No
     return task_metrics, per_output
 
 
-def goal_failures(metrics: dict[str, Any], goal: AccuracyGoal, kind: str | None = None) -> list[str]:
+def goal_failures(metrics: dict[str, Any], goal: AccuracyGoal, kind: str | None = None, strict: bool = True
+                  ) -> list[str]:
     """Human-readable misses, e.g. 'recall 0.000 < 0.900 (short by 0.900)'.
+
+    ``strict=False`` (the mixed search, a heuristic on calibration data) passes over a goal its data
+    cannot measure; validation, which decides, is strict.
 
     Raises:
         RecipeError: a goal asks for a metric this task does not compute, naming the goal and the fix.
@@ -170,6 +174,8 @@ def goal_failures(metrics: dict[str, Any], goal: AccuracyGoal, kind: str | None 
     for key, limit in goal.to_dict().items():
         metric, sign = GOAL_METRICS[key]
         value = metrics.get(metric)
+        if value is None and not strict and (kind not in TASKS or metric in TASKS[kind].computes):
+            continue
         if value is None:
             raise RecipeError(_not_computable(key, metric, kind, metrics))
         if sign > 0 and value < limit:
@@ -182,7 +188,9 @@ def goal_failures(metrics: dict[str, Any], goal: AccuracyGoal, kind: str | None 
 def _not_computable(key: str, metric: str, kind: str | None, metrics: dict[str, Any]) -> str:
     owners = [t.name for t in TASKS.values() if metric in t.computes]
     where = f"task '{kind}'" if kind else "this model's task"
-    if metric == "confident_top1_agreement":
+    if metrics.get("not_computable") and metric in (TASKS[kind].computes if kind in TASKS else ()):
+        why = str(metrics["not_computable"])
+    elif metric == "confident_top1_agreement":
         why = "no evaluation sample has a confident original (top-1 probability >= 0.5); give more or other data"
     elif metric in ("label_accuracy", "map50"):
         why = "the evaluation data has no labels; give labelled data or drop the goal"
@@ -203,7 +211,7 @@ def search_error(metrics: dict[str, Any]) -> float:
     if metrics.get("mean_kl") is not None:
         return float(metrics["mean_kl"])
     err = 1.0 - float(metrics.get("cosine", 1.0))
-    if "recall" in metrics:
+    if metrics.get("recall") is not None:
         r, p = float(metrics["recall"]), float(metrics["precision"])
         err += 1.0 - (2 * r * p / (r + p) if r + p else 0.0)
     for key, sign in (("mask_iou", 1), ("char_error_rate", -1), ("decision_agreement", 1)):

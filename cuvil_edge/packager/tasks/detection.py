@@ -105,8 +105,9 @@ def _centernet(outputs: list[np.ndarray], post: dict[str, Any]) -> list[Detectio
     for b in range(heat.shape[0]):
         cls, ys, xs = np.nonzero(heat[b] > thr)
         score = heat[b][cls, ys, xs].astype(np.float64)
-        s0 = np.exp(scale[b, 0, ys, xs].astype(np.float64)) * stride
-        s1 = np.exp(scale[b, 1, ys, xs].astype(np.float64)) * stride
+        # Clipped: a broken model's log-sizes must not overflow (it then simply matches nothing).
+        s0 = np.exp(np.clip(scale[b, 0, ys, xs].astype(np.float64), -30, 30)) * stride
+        s1 = np.exp(np.clip(scale[b, 1, ys, xs].astype(np.float64), -30, 30)) * stride
         o0, o1 = offset[b, 0, ys, xs].astype(np.float64), offset[b, 1, ys, xs].astype(np.float64)
         x1 = (xs + o1 + 0.5) * stride - s1 / 2
         y1 = (ys + o0 + 0.5) * stride - s0 / 2
@@ -171,17 +172,17 @@ def match(ref: Detections, test: Detections) -> list[tuple[int, int, float]]:
 def metrics(ref: Outputs, test: Outputs, post: dict[str, Any], labels: np.ndarray | None) -> dict[str, Any]:
     """Recall and precision against the original's detections, mean IoU and score drift of matches.
 
-    Raises:
-        AccuracyError: when the original finds nothing on the whole evaluation data: recall is then
-            undefined, and a pass would certify nothing.
+    When the original finds nothing on the whole evaluation data, recall and precision are None
+    (with ``not_computable`` saying why): a goal on them is then an error, never a pass.
     """
     a, b = decode(ref, post), decode(test, post)
     n_ref, n_test = sum(len(d.scores) for d in a), sum(len(d.scores) for d in b)
     if n_ref == 0:
-        raise AccuracyError(
-            f"detection recall cannot be computed: the original model finds no detection above score_threshold "
-            f"{post.get('score_threshold', 0.25)} on the {len(a)} evaluation sample(s); give evaluation data with "
-            "objects in it (--eval) or set [postprocess] score_threshold lower")
+        return {"reference_detections": 0, "detections": n_test, "recall": None, "precision": None,
+                "not_computable": f"the original model finds no detection above score_threshold "
+                                  f"{post.get('score_threshold', 0.25)} on the {len(a)} evaluation sample(s); give "
+                                  "evaluation data with objects in it (--eval) or set [postprocess] score_threshold "
+                                  "lower"}
     matched, ious, drift, kp_err = 0, [], [], []
     for r, t in zip(a, b, strict=True):
         for ri, ti, iou in match(r, t):
