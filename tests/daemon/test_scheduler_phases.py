@@ -168,8 +168,15 @@ def _modal_depth(res, start: float, end: float) -> int:
 
 @pytest.fixture(scope="module")
 def bench():
-    logging.getLogger("cuvil_edge").setLevel(logging.ERROR)
-    return _bench()
+    # Quiet the simulated runs, then give the level back: later modules' caplog checks read
+    # cuvil_edge warnings (a level left at ERROR here hid them from every test after this one).
+    logger = logging.getLogger("cuvil_edge")
+    before = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield _bench()
+    finally:
+        logger.setLevel(before)
 
 
 class TestPhasedTimeline:
