@@ -351,11 +351,11 @@ class Quantizer:
         from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType
 
         extra: dict[str, Any] = {"ActivationSymmetric": self.form.symmetric_activations, "WeightSymmetric": True}
-        # ORT widens a weight's scale when an int32 bias would not fit (only for scales far below any a
-        # calibrated model has); pointless when biases stay float (TensorRT), and it fails on a bias of
-        # rank > 1 (Magika's MatMul + Add [1, C]: "truth value of an array ... is ambiguous").
-        extra["QDQDisableWeightAdjustForInt32Bias"] = True
         if self.runtime_format == "tensorrt":
+            # ORT widens a weight's scale so an int32 bias fits: pointless when biases stay float, and it
+            # fails on a bias of rank > 1 (Magika's MatMul + Add [1, C]: "truth value ... is ambiguous").
+            # The CPU form keeps it (PP-OCR's detector has a bias that would overflow int32 without it).
+            extra["QDQDisableWeightAdjustForInt32Bias"] = True
             extra["QuantizeBias"] = False
             act = QuantType.QInt8
         else:
