@@ -15,7 +15,8 @@ traceback::
     ├── QuantizationError    quantization could not produce a model
     ├── AccuracyError        the quantized model missed the recipe's accuracy goal
     ├── BundleError          bad bundle, member, checksum or layout
-    │   └── SignatureError   bad key, bad or missing signature
+    │   ├── SignatureError   bad key, bad or missing signature
+    │   └── StateFileError           bundle/activation.py: a deploy state file too big, not JSON or of wrong types; also a ValueError
     ├── KernelError          bad arguments to a C kernel, library missing
     ├── TelemetryError       telemetry source or parse failure
     │   └── SourceExhausted          telemetry/base.py: the source ended normally
@@ -34,6 +35,7 @@ traceback::
     ├── DeployError          transport, device check, health gate, rollback
     │   ├── Unreachable              deploy/transport.py: network, auth or host key
     │   ├── CorruptUpload            deploy/upload.py: the upload's sha256 did not match
+    │   ├── UnpackError              deploy/unpack.py: an upload that cannot be extracted or does not match its manifest
     │   ├── DeviceBusy               deploy/layout.py: another deploy holds the device lock
     │   │   └── DeviceActivating     deploy/layout.py: the device's own deploy step holds the lock
     │   ├── LockBusy                 deploy/activate.py: the device side finds the lock held

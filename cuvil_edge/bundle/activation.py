@@ -45,6 +45,7 @@ from cuvil_edge._atomic import fsync_dir
 from cuvil_edge.bundle import layout as _layout
 from cuvil_edge.bundle.layout import StoreLayout
 from cuvil_edge.bundle.names import is_safe_component
+from cuvil_edge.errors import BundleError
 
 __all__ = [
     "DEFAULT_DEADLINE_S",
@@ -83,7 +84,7 @@ MAX_STATE_BYTES = 1 << 20
 MAX_STATE_DEPTH = 6  # object nesting of a valid file: state > versions > record > field
 
 
-class StateFileError(ValueError):
+class StateFileError(BundleError, ValueError):
     """A state file that is too big, not JSON, or whose fields have the wrong types (the message names the field)."""
 
 
