@@ -549,7 +549,7 @@ def _clean_staging(layout: StoreLayout, min_age_s: float = 60.0) -> list[str]:
             return True
         return True
 
-    removed = []
+    removed: list[str] = []
     try:
         entries = os.listdir(layout.staging_root)
     except OSError:
