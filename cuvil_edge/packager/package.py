@@ -411,32 +411,40 @@ def report_path_beside(out: Path) -> Path:
     return out.with_name(f"{out.stem}.report.json")
 
 
-def package(
-    recipe: Recipe,
-    out: Path,
-    key: Path | None = None,
-    progress: Progress | None = None,
-    bar: Bar | None = None,
-    enforce_goal: bool = True,
-    quantizer: str = "cuvil",
-    report_path: Path | None = None,
-) -> PackageResult:
-    """Run the whole pipeline for ``recipe`` and write a signed bundle to ``out``.
+@contextlib.contextmanager
+def _timed(timings: dict[str, float], step: str) -> Iterator[None]:
+    """Adds the wall time of one named step to ``timings`` (the report's ``timings_s``)."""
+    t = time.perf_counter()
+    try:
+        yield
+    finally:
+        timings[step] = timings.get(step, 0.0) + time.perf_counter() - t
 
-    ``enforce_goal=False`` writes the bundle even when the accuracy goal is missed (benchmarks
-    record such models); the report's ``validation.passed`` says so. A missed goal writes no
-    bundle but the whole report, with the most sensitive layer groups and what keeping each out of
-    INT8 would give (``advice``), to ``report_path`` and beside the would-be bundle
-    (:func:`report_path_beside`); ``report_path`` also gets the report of a bundle that was written.
 
-    Raises:
-        ModelError, DataError, QuantizationError, AccuracyError, BundleError: with one-line messages.
-    """
-    say = progress or (lambda msg: None)
-    check_bundle_names(recipe.name, recipe.version)  # before any work: they become directories
-    timings: dict[str, float] = {}
-    t0 = time.perf_counter()
-    target = get_target(recipe.target)
+@dataclass
+class _Loaded:
+    """What the load step found: the model, its inputs and outputs, and the TensorRT profiles."""
+
+    path: Path
+    model: onnx.ModelProto
+    inputs: list[InputSpec]
+    outputs: list[InputSpec]
+    profiles: dict[str, Any] | None
+
+
+@dataclass
+class _Data:
+    """The data step's datasets and what it had to assume (the report's ``inferred``)."""
+
+    calib: Dataset | None
+    evaluation: Dataset
+    sensitivity: Dataset | None
+    inferred: dict[str, Any] = field(default_factory=dict)
+
+
+def _load_step(recipe: Recipe, target: Target, say: Progress) -> _Loaded:
+    """Loads the model and checks the recipe's inputs against it; a TensorRT target's dynamic
+    dimensions get their profiles here, before any calibration, so a missing one costs nothing."""
     model_path = resolve_model(recipe.model)
     say(f"loading {model_path}")
     model = load_model(model_path)
@@ -448,23 +456,27 @@ def package(
     if recipe.input_name and recipe.input_name not in [i.name for i in inputs]:
         raise RecipeError(f"recipe input name '{recipe.input_name}' is not an input of {model_path} "
                           f"(inputs: {', '.join(i.name for i in inputs)})")
-    # Before any calibration: a TensorRT target needs a profile for every dynamic dimension.
     profiles = resolve_profiles(model, inputs, recipe, target)
-    timings["load"] = time.perf_counter() - t0
+    return _Loaded(model_path, model, inputs, outputs, profiles)
 
-    t = time.perf_counter()
-    inspect_info: dict[str, Any] = {}
-    if target.has_gpu:
-        from cuvil_edge.packager.inspect import inspect_model
 
-        report = inspect_model(model, target, max_batch=recipe.max_batch, shapes=profiles)
-        inspect_info = report.to_dict()
-        if report.unsupported:
-            say(f"warning: {len(report.unsupported)} node(s) unsupported by TensorRT on {target.name}: "
-                + ", ".join(n.name for n in report.unsupported[:5]))
-    timings["inspect"] = time.perf_counter() - t
+def _inspect_step(loaded: _Loaded, recipe: Recipe, target: Target, say: Progress) -> dict[str, Any]:
+    """TensorRT's view of the model on a GPU board (unsupported nodes are a warning here:
+    ``inspect`` explains them, and the engine build would fall back or fail on the device)."""
+    if not target.has_gpu:
+        return {}
+    from cuvil_edge.packager.inspect import inspect_model
 
-    t = time.perf_counter()
+    report = inspect_model(loaded.model, target, max_batch=recipe.max_batch, shapes=loaded.profiles)
+    if report.unsupported:
+        say(f"warning: {len(report.unsupported)} node(s) unsupported by TensorRT on {target.name}: "
+            + ", ".join(n.name for n in report.unsupported[:5]))
+    return report.to_dict()
+
+
+def _data_step(recipe: Recipe, inputs: list[InputSpec], say: Progress) -> _Data:
+    """Calibration, evaluation and sensitivity data; images without a pre-processing spec get
+    the one the model's input implies, said as a warning and recorded as inferred."""
     inferred: dict[str, Any] = {}
     if recipe.preprocess.get("kind") != "image" and any(
             holds_images(d) for d in (recipe.calibration_data, recipe.evaluation_data)):
@@ -500,64 +512,15 @@ def package(
                                        recipe.sensitivity_samples, seed=7)
         else:
             sensitivity = calib.slice(0, recipe.sensitivity_samples)
-    # The task decides what the gate measures: declared in [postprocess], or inferred from the
-    # original's outputs on the evaluation data (the report says which and why).
-    task = task_for(make_session(model), evaluation, recipe.postprocess)
-    if task.inferred:
-        say(f"task: {task.reason}")
-        inferred["postprocess"] = task.post
-    goal = task.goal(recipe.accuracy)
-    timings["data"] = time.perf_counter() - t
+    return _Data(calib, evaluation, sensitivity, inferred)
 
-    t = time.perf_counter()
-    quantized, qinfo = quantize_model(model, target, recipe.precision, calib, task, goal,
-                                      recipe.calibration_method, sensitivity, say, bar, recipe.bias_correction,
-                                      quantizer=quantizer, exclude=recipe.exclude)
-    timings["quantize"] = time.perf_counter() - t
-    check_loadable(quantized, f"the {recipe.precision} model")
-    if target.has_gpu and recipe.precision in ("int8", "mixed"):
-        qinfo["qdq_check"] = check_tensorrt_form(quantized, target)
 
-    t = time.perf_counter()
-    say(f"validating on {len(evaluation)} samples calibration did not see")
-    qbytes = quantized.SerializeToString()
-    # Accuracy is the target's arithmetic: Q/DQ emulated exactly, FP16 groups rounded to FP16.
-    emulated = target_arithmetic(quantized, qinfo.get("fp16_nodes")) if recipe.precision in ("int8", "mixed") else quantized
-    validation: ValidationReport = validate_models(make_session(model), make_session(emulated), evaluation, task,
-                                                   goal if recipe.precision != "fp32" else None)
-    timings["validate"] = time.perf_counter() - t
-
-    def make_report() -> dict[str, Any]:
-        made = {
-            "model": str(model_path),
-            "target": target.name,
-            "precision": recipe.precision,
-            "runtime_format": target.runtime_format,
-            "validation": validation.to_dict(),
-            "quantization": qinfo,
-            "inspect": {k: inspect_info[k] for k in ("unsupported", "dla_fallbacks", "dynamic_inputs", "profiles",
-                                                      "warnings") if k in inspect_info},
-            "timings_s": timings,
-        }
-        if inferred:
-            made["inferred"] = inferred
-        return made
-
-    if enforce_goal and validation.failures:
-        missed = make_report()
-        if recipe.precision in ("int8", "mixed") and quantizer == "cuvil" and calib is not None:
-            say("goal missed: measuring what keeping the most sensitive layers out of INT8 would give")
-            missed["advice"] = _keep_float_advice(model, target, recipe, calib, sensitivity, evaluation, task,
-                                                  goal, quantized, qinfo, say, bar)
-        written_to = _write_reports(missed, [p for p in (report_path, report_path_beside(Path(out))) if p])
-        try:
-            validation.raise_if_failed(f"{recipe.name} ({recipe.precision}, {target.runtime_format} format)")
-        except AccuracyError as exc:
-            raise AccuracyError(f"{exc}; report: {', '.join(str(p) for p in written_to)}") from None
-    elif validation.failures:
-        say(f"warning: accuracy goal missed: {'; '.join(validation.failures)}")
-
-    t = time.perf_counter()
+def _write_step(recipe: Recipe, target: Target, loaded: _Loaded, qinfo: dict[str, Any], qbytes: bytes,
+                emulated: onnx.ModelProto, quantized: onnx.ModelProto, evaluation: Dataset,
+                report: dict[str, Any], inspect_info: dict[str, Any], out: Path, key: Path | None,
+                say: Progress) -> Any:
+    """Samples, manifest, build plans per TensorRT release, plugins and the report, written as one
+    signed bundle (``write_bundle`` replaces ``out`` only when every member is in place)."""
     variants = [emulated.SerializeToString()] if emulated is not quantized else []
     sample_in, sample_out, tolerance = sample_members(qbytes, evaluation, variants)
     with tempfile.TemporaryDirectory(prefix="cuvil-pack-") as tmp:
@@ -572,8 +535,8 @@ def package(
             precision=recipe.precision,
             format_kind=target.runtime_format,
             model="model.onnx",
-            inputs=_spec_list(inputs, profiles),
-            outputs=_spec_list(outputs),
+            inputs=_spec_list(loaded.inputs, loaded.profiles),
+            outputs=_spec_list(loaded.outputs),
             files=[],
             max_batch=recipe.max_batch,
             preprocess=recipe.preprocess,
@@ -604,15 +567,113 @@ def package(
         for name, path in _plugins(target, say).items():
             members[name] = path
             manifest.plugins.setdefault(target.plugin_platform, []).append(name)
-        report = make_report()
         members["validation.json"] = (json.dumps(report, indent=2, default=float) + "\n").encode()
         if "inspect.json" not in members and inspect_info:
             members["inspect.json"] = (json.dumps(inspect_info, indent=2) + "\n").encode()
         from cuvil_edge.bundle import write_bundle
 
         say(f"writing {out}")
-        written = write_bundle(out, manifest.to_dict(), members, key)
-    timings["bundle"] = time.perf_counter() - t
+        return write_bundle(out, manifest.to_dict(), members, key)
+
+
+def package(
+    recipe: Recipe,
+    out: Path,
+    key: Path | None = None,
+    progress: Progress | None = None,
+    bar: Bar | None = None,
+    enforce_goal: bool = True,
+    quantizer: str = "cuvil",
+    report_path: Path | None = None,
+) -> PackageResult:
+    """Run the whole pipeline for ``recipe`` and write a signed bundle to ``out``.
+
+    The steps, each timed in the report's ``timings_s``: load (model, inputs, TensorRT profiles),
+    inspect (TensorRT's view on GPU boards), data (calibration, evaluation, sensitivity) and the
+    task that decides what the gate measures, quantize, validate (the target's arithmetic), the
+    gate, and bundle (samples, manifest, build plans, signature).
+
+    ``enforce_goal=False`` writes the bundle even when the accuracy goal is missed (benchmarks
+    record such models); the report's ``validation.passed`` says so. A missed goal writes no
+    bundle but the whole report, with the most sensitive layer groups and what keeping each out of
+    INT8 would give (``advice``), to ``report_path`` and beside the would-be bundle
+    (:func:`report_path_beside`); ``report_path`` also gets the report of a bundle that was written.
+
+    Raises:
+        ModelError, DataError, QuantizationError, AccuracyError, BundleError: with one-line messages.
+    """
+    say = progress or (lambda msg: None)
+    check_bundle_names(recipe.name, recipe.version)  # before any work: they become directories
+    timings: dict[str, float] = {}
+    t0 = time.perf_counter()
+    target = get_target(recipe.target)
+    with _timed(timings, "load"):
+        loaded = _load_step(recipe, target, say)
+    model = loaded.model
+    with _timed(timings, "inspect"):
+        inspect_info = _inspect_step(loaded, recipe, target, say)
+    with _timed(timings, "data"):
+        data = _data_step(recipe, loaded.inputs, say)
+        # The task decides what the gate measures: declared in [postprocess], or inferred from the
+        # original's outputs on the evaluation data (the report says which and why).
+        task = task_for(make_session(model), data.evaluation, recipe.postprocess)
+        if task.inferred:
+            say(f"task: {task.reason}")
+            data.inferred["postprocess"] = task.post
+        goal = task.goal(recipe.accuracy)
+    calib, evaluation, sensitivity, inferred = data.calib, data.evaluation, data.sensitivity, data.inferred
+
+    with _timed(timings, "quantize"):
+        quantized, qinfo = quantize_model(model, target, recipe.precision, calib, task, goal,
+                                          recipe.calibration_method, sensitivity, say, bar, recipe.bias_correction,
+                                          quantizer=quantizer, exclude=recipe.exclude)
+    check_loadable(quantized, f"the {recipe.precision} model")
+    if target.has_gpu and recipe.precision in ("int8", "mixed"):
+        qinfo["qdq_check"] = check_tensorrt_form(quantized, target)
+
+    with _timed(timings, "validate"):
+        say(f"validating on {len(evaluation)} samples calibration did not see")
+        qbytes = quantized.SerializeToString()
+        # Accuracy is the target's arithmetic: Q/DQ emulated exactly, FP16 groups rounded to FP16.
+        emulated = (target_arithmetic(quantized, qinfo.get("fp16_nodes")) if recipe.precision in ("int8", "mixed")
+                    else quantized)
+        validation: ValidationReport = validate_models(make_session(model), make_session(emulated), evaluation, task,
+                                                       goal if recipe.precision != "fp32" else None)
+
+    def make_report() -> dict[str, Any]:
+        made = {
+            "model": str(loaded.path),
+            "target": target.name,
+            "precision": recipe.precision,
+            "runtime_format": target.runtime_format,
+            "validation": validation.to_dict(),
+            "quantization": qinfo,
+            "inspect": {k: inspect_info[k] for k in ("unsupported", "dla_fallbacks", "dynamic_inputs", "profiles",
+                                                      "warnings") if k in inspect_info},
+            "timings_s": timings,
+        }
+        if inferred:
+            made["inferred"] = inferred
+        return made
+
+    if enforce_goal and validation.failures:
+        missed = make_report()
+        if recipe.precision in ("int8", "mixed") and quantizer == "cuvil" and calib is not None:
+            say("goal missed: measuring what keeping the most sensitive layers out of INT8 would give")
+            missed["advice"] = _keep_float_advice(model, target, recipe, calib, sensitivity, evaluation, task,
+                                                  goal, quantized, qinfo, say, bar)
+        written_to = _write_reports(missed, [p for p in (report_path, report_path_beside(Path(out))) if p])
+        try:
+            validation.raise_if_failed(f"{recipe.name} ({recipe.precision}, {target.runtime_format} format)")
+        except AccuracyError as exc:
+            raise AccuracyError(f"{exc}; report: {', '.join(str(p) for p in written_to)}") from None
+    elif validation.failures:
+        say(f"warning: accuracy goal missed: {'; '.join(validation.failures)}")
+
+    with _timed(timings, "bundle"):
+        report = make_report()
+        written = _write_step(recipe, target, loaded, qinfo, qbytes, emulated, quantized, evaluation, report,
+                              inspect_info, Path(out), key, say)
     timings["total"] = time.perf_counter() - t0
     if report_path is not None:
         _write_reports(report, [report_path])
