@@ -66,6 +66,13 @@ SEARCH_KL_BUDGET = 0.01
 FP16_SENSITIVITY_SHARE = 0.1
 # Samples the per-group sensitivity ranking runs on (the goal itself is checked on all the search data).
 SENSITIVITY_SAMPLES = 48
+# Layer groups the search ranks: each costs a model run on the search data. Names alone gave
+# YOLOv8n 115 groups (about two minutes of ranking on 2 cores), MiniLM 252 and PP-OCR's detector
+# 10 op-type families spanning the whole network (no blocks at all); see ``layer_groups``.
+SEARCH_GROUPS = 24
+# Once the goal holds, halves of the groups kept in float are tried back in INT8 (one model run
+# each): coarse groups find what matters fast, this returns what did not need to stay in float.
+REFINE_TRIES = 8
 
 _QUANT_OPS = ("Conv", "ConvTranspose", "Gemm", "MatMul", "Add", "Mul", "GlobalAveragePool", "AveragePool",
               "MaxPool", "Concat", "Resize", "Sigmoid", "Clip", "Relu", "Flatten", "Reshape", "Transpose")
@@ -150,31 +157,58 @@ def match_nodes(model: onnx.ModelProto, patterns: Iterable[str]) -> list[str]:
             if n.name and any(fnmatch.fnmatchcase(n.name, p) or fnmatch.fnmatchcase(n.op_type, p) for p in pats)]
 
 
-def layer_groups(model: onnx.ModelProto, only: Iterable[str] | None = None) -> dict[str, list[str]]:
+def layer_groups(model: onnx.ModelProto, only: Iterable[str] | None = None,
+                 max_groups: int | None = None) -> dict[str, list[str]]:
     """Quantizable nodes grouped into blocks by name (``blocks.3.expand`` -> ``blocks.3``,
     ``/features/features.3/conv/Conv`` -> ``/features/features.3``), in graph order.
 
     ``only``: the node names to group (the nodes a quantized model actually quantized), whatever
     their op type; by default the nodes of the usual quantized op types.
+
+    ``max_groups``: at most this many groups (the mixed search pays a full model run per group).
+    Names only say where blocks are when they are hierarchical: past the limit, the first path
+    component (``/model.3``) when that gives at most ``max_groups`` blocks, else contiguous runs of
+    nodes in graph order (paddle2onnx's ``p2o.Conv.12`` names one op type across the whole network,
+    an exporter's ``node_MatMul_450`` names one node: neither is a block). A run is named after its
+    first and last node.
     """
     wanted = set(only) if only is not None else None
+    nodes = [n for n in model.graph.node if n.name
+             and ((n.name in wanted) if wanted is not None else (n.op_type in _QUANT_OPS))]
     groups: dict[str, list[str]] = {}
-    for node in model.graph.node:
-        if not node.name:
-            continue
-        if (node.name not in wanted) if wanted is not None else (node.op_type not in _QUANT_OPS):
-            continue
-        name = node.name
-        if "/" in name:
-            parts = [p for p in name.split("/") if p]
-            key = "/" + "/".join(parts[:2]) if len(parts) > 2 else name
-        elif "." in name:
-            parts = name.split(".")
-            key = ".".join(parts[:2]) if len(parts) > 2 else parts[0]
-        else:
-            key = name
-        groups.setdefault(key, []).append(name)
-    return groups
+    for node in nodes:
+        groups.setdefault(_block_key(node.name), []).append(node.name)
+    if max_groups is None or (len(groups) <= max_groups and not _interleaved(groups, nodes)):
+        return groups
+    top: dict[str, list[str]] = {}
+    for node in nodes:
+        parts = [p for p in node.name.split("/") if p]
+        top.setdefault("/" + parts[0] if node.name.startswith("/") and len(parts) > 1 else "", []).append(node.name)
+    if "" not in top and 1 < len(top) <= max_groups:
+        return top
+    names = [n.name for n in nodes]
+    bounds = np.linspace(0, len(names), max_groups + 1).round().astype(int)
+    runs = [names[a:b] for a, b in zip(bounds[:-1], bounds[1:], strict=True) if b > a]
+    return {(run[0] if len(run) == 1 else f"{run[0]}..{run[-1]}"): run for run in runs}
+
+
+def _interleaved(groups: dict[str, list[str]], nodes: list[onnx.NodeProto]) -> bool:
+    """True when the named groups are not blocks: their spans in graph order overlap (one group per
+    op type across the whole network), so their spans add up to over twice the nodes."""
+    index = {n.name: i for i, n in enumerate(nodes)}
+    spans = sum(index[g[-1]] - index[g[0]] + 1 for g in groups.values())
+    return spans > 2 * len(nodes)
+
+
+def _block_key(name: str) -> str:
+    """The block a node name belongs to (see ``layer_groups``)."""
+    if "/" in name:
+        parts = [p for p in name.split("/") if p]
+        return "/" + "/".join(parts[:2]) if len(parts) > 2 else name
+    if "." in name:
+        parts = name.split(".")
+        return ".".join(parts[:2]) if len(parts) > 2 else parts[0]
+    return name
 
 
 def symmetric_zero_points(model: onnx.ModelProto) -> bool:
@@ -440,10 +474,8 @@ class Quantizer:
             model = with_float_nodes(full, float_model, set(excluded))
             e, miss, m = score(model, half)
             kind_of = "variant"
-            if not miss:  # confirm on the model that would ship, quantized for real
-                model = self.quantize(nodes_to_exclude=excluded)
-                e, miss, m = score(model, half)
-                kind_of = "quantized"
+            if not miss:
+                model, e, miss, m, kind_of = self._confirm(model, excluded, half, score, (e, miss, m))
             steps.append({"kept_float": list(tiers), "tiers": dict(tiers), "error": e, "failures": miss,
                           "metrics": m, "model": kind_of})
             shown = ", ".join(f"{g}={t}" for g, t in tiers.items())
@@ -456,6 +488,7 @@ class Quantizer:
         rank_ref = {k: v[: len(rank_data)] for k, v in ref.items()}
         model = full
         limit = max(1, int(len(order) * max_kept_fraction))
+        previous = err
         for name in order[:limit]:
             tier = "fp32"
             if fp16_tier:
@@ -465,12 +498,22 @@ class Quantizer:
             model, err, misses, metrics = attempt()
             if not misses:
                 break
+            if err >= previous:  # it did not help: back to INT8 (isolated rankings miss interactions)
+                del tiers[name]
+                self._progress(f"{name} back in INT8: keeping it in float did not lower the error")
+                continue
+            previous = err
         if misses and fp16_tier:
             for name in [g for g in order if tiers.get(g) == "fp16"]:
                 tiers[name] = "fp32"
                 model, err, misses, metrics = attempt()
                 if not misses:
                     break
+        if misses:
+            model, err, misses, metrics = self._eliminate(tiers, groups, order, full, float_model, score, steps,
+                                                          "fp16" if fp16_tier else "fp32", (model, err, misses, metrics))
+        if not misses and tiers:
+            model, err, metrics = self._refine(tiers, groups, full, float_model, score, steps, model, err, metrics)
         if misses:  # the goal was never met: ship the last step, quantized for real (validation will say)
             model = self.quantize(nodes_to_exclude=[n for g in tiers for n in groups[g]])
         return MixedResult(
@@ -479,6 +522,132 @@ class Quantizer:
             fp32_nodes=[n for g, t in tiers.items() if t == "fp32" for n in groups[g]],
         )
 
+    def _confirm(self, variant: onnx.ModelProto, excluded: list[str], half: list[str],
+                 score: Callable[..., tuple[float, list[str], dict[str, Any]]],
+                 measured: tuple[float, list[str], dict[str, Any]]
+                 ) -> tuple[onnx.ModelProto, float, list[str], dict[str, Any], str]:
+        """The model to ship for a choice whose variant (``partial_quant``) was ``measured``: quantized
+        for real with ``excluded`` when that meets the goal too (ONNX Runtime's quantizer leaves fewer
+        Q/DQ pairs), else the variant itself, which is exactly what was measured. Quantized for real,
+        a tensor between an INT8 node and a kept one is still rounded for the kept reader: on PP-OCR's
+        detector that alone cost the mask (0.33 search error where the variant met the goal)."""
+        if measured[1]:
+            return variant, *measured, "variant"
+        real = self.quantize(nodes_to_exclude=excluded)
+        e, miss, m = score(real, half)
+        if not miss:
+            return real, e, miss, m, "quantized"
+        self._progress(f"quantized for real with that choice the goal misses ({'; '.join(miss)}): "
+                       "shipping the variant measured")
+        return variant, *measured, "variant"
+
+    def _eliminate(self, tiers: dict[str, str], groups: dict[str, list[str]], order: list[str],
+                   full: onnx.ModelProto, float_model: onnx.ModelProto,
+                   score: Callable[..., tuple[float, list[str], dict[str, Any]]], steps: list[dict[str, Any]],
+                   tier: str, last: tuple[onnx.ModelProto, float, list[str], dict[str, Any]]
+                   ) -> tuple[onnx.ModelProto, float, list[str], dict[str, Any]]:
+        """From every group out of INT8 (in ``tier``), return groups to INT8, least sensitive first,
+        while the goal holds: for models whose INT8 error is spread over the whole network (PP-OCR's
+        DB detector: no quarter of it kept in float restores the mask), where adding the most
+        sensitive groups one by one never gets there. One model run per group; the choice is
+        confirmed quantized for real. ``last`` (the forward search's result) is returned when even
+        every group out of INT8 misses; ``tiers`` is updated in place when the goal is met.
+        """
+        def run(candidate: dict[str, str]) -> tuple[float, list[str], dict[str, Any]]:
+            excluded = {n for g in candidate for n in groups[g]}
+            half = [n for g, t in candidate.items() if t == "fp16" for n in groups[g]]
+            e, miss, m = score(with_float_nodes(full, float_model, excluded), half)
+            steps.append({"kept_float": list(candidate), "tiers": dict(candidate), "error": e, "failures": miss,
+                          "metrics": m, "model": "eliminate"})
+            return e, miss, m
+
+        current = {g: tier for g in order}
+        e, miss, m = run(current)
+        if miss:
+            self._progress(f"every group in {tier} still misses the goal ({'; '.join(miss)})")
+            return last
+        self._progress(f"the forward search missed; every group in {tier} meets the goal: returning groups "
+                       f"to INT8, least sensitive first")
+        for name in reversed(order):
+            candidate = {g: t for g, t in current.items() if g != name}
+            if candidate and not run(candidate)[1]:
+                current = candidate
+        excluded = [n for g in current for n in groups[g]]
+        half = [n for g, t in current.items() if t == "fp16" for n in groups[g]]
+        variant = with_float_nodes(full, float_model, set(excluded))
+        model, e, miss, m, kind_of = self._confirm(variant, excluded, half, score, score(variant, half))
+        steps.append({"kept_float": list(current), "tiers": dict(current), "error": e, "failures": miss,
+                      "metrics": m, "model": kind_of})
+        self._progress(f"kept {len(current)} of {len(order)} group(s) out of INT8 in {tier}: error {e:.5f}, "
+                       f"{'goal met' if not miss else 'goal missed'}")
+        if miss:
+            return last
+        tiers.clear()
+        tiers.update(current)
+        return model, e, miss, m
+
+    def _refine(self, tiers: dict[str, str], groups: dict[str, list[str]], full: onnx.ModelProto,
+                float_model: onnx.ModelProto,
+                score: Callable[..., tuple[float, list[str], dict[str, Any]]], steps: list[dict[str, Any]],
+                model: onnx.ModelProto, err: float, metrics: dict[str, Any]
+                ) -> tuple[onnx.ModelProto, float, dict[str, Any]]:
+        """Return halves of the kept groups to INT8 while the goal holds (``REFINE_TRIES`` model runs).
+
+        A kept group is split in two runs of its nodes (``NAME#1``, ``NAME#2``, added to ``groups``);
+        one half goes back to INT8 when the goal still holds without it, and the half that stays is
+        split again; when neither half alone suffices both stay and each is split in turn. The result
+        is confirmed on the model quantized for real; if that misses, ``tiers`` is left as it was.
+        ``tiers`` is updated in place.
+        """
+        before = dict(tiers)
+        queue = [g for g in tiers if len(groups[g]) > 1]
+        tries = 0
+
+        def holds(candidate: dict[str, str]) -> bool:
+            nonlocal tries
+            tries += 1
+            excluded = {n for g in candidate for n in groups[g]}
+            half = [n for g, t in candidate.items() if t == "fp16" for n in groups[g]]
+            e, miss, m = score(with_float_nodes(full, float_model, excluded), half)
+            steps.append({"kept_float": list(candidate), "tiers": dict(candidate), "error": e, "failures": miss,
+                          "metrics": m, "model": "refine"})
+            return not miss
+
+        while queue and tries < REFINE_TRIES:
+            name = queue.pop(0)
+            nodes, tier = groups[name], tiers[name]
+            mid = len(nodes) // 2
+            first, second = f"{name}#1", f"{name}#2"
+            groups[first], groups[second] = nodes[:mid], nodes[mid:]
+            rest = {g: t for g, t in tiers.items() if g != name}
+            for keep in (second, first):
+                if tries < REFINE_TRIES and holds({**rest, keep: tier}):
+                    tiers.clear()
+                    tiers.update({**rest, keep: tier})
+                    self._progress(f"refined: {len(groups[keep])} of {name}'s {len(nodes)} node(s) stay out of INT8")
+                    queue += [keep] if len(groups[keep]) > 1 else []
+                    break
+            else:
+                tiers.clear()
+                tiers.update({**rest, first: tier, second: tier})
+                queue += [g for g in (first, second) if len(groups[g]) > 1]
+        if tiers == before or set().union(*(groups[g] for g in tiers)) == set().union(*(groups[g] for g in before)):
+            tiers.clear()
+            tiers.update(before)
+            return model, err, metrics
+        excluded = [n for g in tiers for n in groups[g]]
+        half = [n for g, t in tiers.items() if t == "fp16" for n in groups[g]]
+        variant = with_float_nodes(full, float_model, set(excluded))
+        refined, e, miss, m, kind_of = self._confirm(variant, excluded, half, score, score(variant, half))
+        steps.append({"kept_float": list(tiers), "tiers": dict(tiers), "error": e, "failures": miss, "metrics": m,
+                      "model": kind_of})
+        if miss:
+            self._progress("the refined choice misses the goal quantized for real: keeping the coarse one")
+            tiers.clear()
+            tiers.update(before)
+            return model, err, metrics
+        self._progress(f"refined: {len(excluded)} node(s) out of INT8 in {len(tiers)} group(s), goal met")
+        return refined, e, m
 
     def task(self, data: Dataset, kind: str | dict[str, Any] | TaskSpec | None) -> TaskSpec:
         """The task the search measures: declared, or inferred from the float model's outputs."""
@@ -507,7 +676,7 @@ class Quantizer:
     def groups(self, quantized: onnx.ModelProto) -> dict[str, list[str]]:
         """The layer groups the search may keep out of INT8: every node ``quantized`` reads through
         Q/DQ, whatever its op type or name (generated names included), grouped by block."""
-        return layer_groups(self.float_model, quantized_nodes(quantized))
+        return layer_groups(self.float_model, quantized_nodes(quantized), max_groups=SEARCH_GROUPS)
 
     def sensitivity(self, data: Dataset, kind: str | dict[str, Any] | TaskSpec | None, full: onnx.ModelProto | None = None,
                     reference: dict[str, Any] | None = None) -> dict[str, float]:

@@ -206,7 +206,9 @@ def search_error(metrics: dict[str, Any]) -> float:
 
     Classifiers: mean KL. Others: the task's shortfall (1 - F1 of detections, 1 - mask IoU, the
     character error rate, 1 - decision agreement) plus the worst output's 1 - cosine, so a choice
-    that breaks the job ranks first even when cosine barely moves.
+    that breaks the job ranks first even when cosine barely moves. Detections add the matched
+    boxes' mean score drift: on a few search samples F1 moves in steps of one box, and a cosine over
+    box coordinates (0-320) barely sees the scores that decide which boxes pass the threshold.
     """
     if metrics.get("mean_kl") is not None:
         return float(metrics["mean_kl"])
@@ -214,6 +216,7 @@ def search_error(metrics: dict[str, Any]) -> float:
     if metrics.get("recall") is not None:
         r, p = float(metrics["recall"]), float(metrics["precision"])
         err += 1.0 - (2 * r * p / (r + p) if r + p else 0.0)
+        err += float(metrics.get("score_drift") or 0.0)
     for key, sign in (("mask_iou", 1), ("char_error_rate", -1), ("decision_agreement", 1)):
         if key in metrics:
             err += (1.0 - float(metrics[key])) if sign > 0 else float(metrics[key])
