@@ -112,6 +112,8 @@ def tasks_main(args: argparse.Namespace) -> None:
     names = args.models.split(",") if args.models else list(CORPUS)
     rows: list[dict] = []
     have_modelopt, how = modelopt_available()
+    args.load_at_start = os.getloadavg()
+    args.modelopt_env = _modelopt_env() if have_modelopt else None
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
         generate_keypair(tmp / "k.key", tmp / "k.pub")
@@ -152,12 +154,47 @@ def tasks_main(args: argparse.Namespace) -> None:
                     "task_metrics": {k: (round(x, 4) if isinstance(x, float) else x)
                                      for k, x in v["task_metrics"].items()},
                     "float_nodes": {"fp16": len(q.get("fp16_nodes") or []), "fp32": len(q.get("fp32_nodes") or [])},
+                    # Comparable across quantizers: computing nodes reading INT8 (through a DequantizeLinear)
+                    # and those left in float (ModelOpt quantizes only the op types TensorRT fuses).
+                    "quantized_nodes": q.get("quantized_nodes"),
+                    "compute_nodes": _compute_nodes(tmp / f"{name}-{precision}-{board}-{quantizer}.cvb", tmp),
                 })
+                if row["quantized_nodes"] is not None and row["compute_nodes"] is not None:
+                    row["float_compute_nodes"] = row["compute_nodes"] - row["quantized_nodes"]
                 rows.append(row)
-                print(json.dumps({k: row[k] for k in ("model", "precision", "target", "quantizer", "packaging_s",
-                                                       "passed", "metric", "value")}), flush=True)
+                print(json.dumps({k: row.get(k) for k in ("model", "precision", "target", "quantizer", "packaging_s",
+                                                           "passed", "metric", "value", "float_nodes",
+                                                           "float_compute_nodes")}), flush=True)
                 _write_tasks(args, rows, names, how if not have_modelopt else "installed", done=False)
     _write_tasks(args, rows, names, how if not have_modelopt else "installed", done=True)
+
+
+def _modelopt_env() -> dict | None:
+    """Model Optimizer's version and the size of the environment it runs in (its own venv)."""
+    import subprocess
+    import sys
+
+    python = os.environ.get("CUVIL_EDGE_MODELOPT_PYTHON") or sys.executable
+    try:
+        out = subprocess.run([python, "-c", "import sys, modelopt; print(modelopt.__version__); print(sys.prefix)"],
+                             capture_output=True, text=True, timeout=120, check=True).stdout.split()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    size = sum(f.stat().st_size for f in Path(out[1]).rglob("*") if f.is_file() and not f.is_symlink())
+    return {"version": out[0], "python": python, "environment_mib": round(size / 2**20)}
+
+
+def _compute_nodes(bundle: Path, tmp: Path) -> int | None:
+    """Nodes of the bundle's main graph that compute (not Q/DQ, not Constant)."""
+    import onnx
+
+    dest = tmp / (bundle.stem + "-x")
+    try:
+        extract_bundle(bundle, dest, tmp / "k.pub")
+        nodes = onnx.load(str(dest / "model.onnx")).graph.node
+    except Exception:  # a bundle that was not written (missed goal): no count
+        return None
+    return sum(n.op_type not in ("QuantizeLinear", "DequantizeLinear", "Constant") for n in nodes)
 
 
 def _write_tasks(args: argparse.Namespace, rows: list[dict], names: list[str], modelopt: str, done: bool) -> None:
@@ -177,6 +214,8 @@ def _write_tasks(args: argparse.Namespace, rows: list[dict], names: list[str], m
         "data": {"calibration": args.task_calib, "evaluation": args.task_eval, "search": args.task_search,
                  "stream_frames": [160, 320]},
         "modelopt": modelopt,
+        "modelopt_environment": getattr(args, "modelopt_env", None),
+        "load_average_at_start": getattr(args, "load_at_start", None),
         "complete": done,
         "results": rows,
         "goals": goals,
@@ -199,11 +238,11 @@ def _plot_tasks(rows: list[dict], path: Path) -> None:
     models = list(dict.fromkeys(r["model"] for r in rows))
     configs = [c for c in TASK_CONFIGS if any((r.get("precision"), r.get("target"), r.get("quantizer")) == c
                                               and "value" in r for r in rows)]
-    fig, (a1, a2) = plt.subplots(1, 2, figsize=(14, 4.8))
+    fig, (a1, a2, a3) = plt.subplots(1, 3, figsize=(20, 4.8))
     xs = np.arange(len(models))
     width = 0.8 / max(1, len(configs))
     for i, (precision, board, quantizer) in enumerate(configs):
-        vals, secs = [], []
+        vals, secs, floats = [], [], []
         for m in models:
             r = next((r for r in rows if (r["model"], r.get("precision"), r.get("target"), r.get("quantizer"))
                       == (m, precision, board, quantizer)), {})
@@ -211,9 +250,11 @@ def _plot_tasks(rows: list[dict], path: Path) -> None:
             higher = TASK_METRIC.get(r.get("task", ""), ("", 1))[1] > 0
             vals.append((v if higher else 1 - v) if v is not None else 0)
             secs.append(r.get("packaging_s") or 0)
+            floats.append(r.get("float_compute_nodes") or 0)
         label = f"{precision} {board}" + (" ModelOpt" if quantizer == "modelopt" else "")
         a1.bar(xs + i * width, vals, width, label=label)
         a2.bar(xs + i * width, secs, width, label=label)
+        a3.bar(xs + i * width, floats, width, label=label)
     names = [f"{m}\n({next(r['task'] for r in rows if r['model'] == m)})" for m in models]
     a1.set_xticks(xs + 0.4 - width / 2, names, fontsize=7)
     a1.axhline(0.9, color="grey", ls="--", lw=0.8)
@@ -224,6 +265,9 @@ def _plot_tasks(rows: list[dict], path: Path) -> None:
     a2.axhline(MIXED_SECONDS_GOAL, color="grey", ls="--", lw=0.8)
     a2.set_ylabel("packaging time, s (this machine)")
     a2.set_title("packaging time")
+    a3.set_xticks(xs + 0.4 - width / 2, names, fontsize=7)
+    a3.set_ylabel("computing nodes not reading INT8")
+    a3.set_title("nodes kept in float (ours: search + float by design; ModelOpt: op types it skips)")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 

@@ -184,7 +184,10 @@ def _quantize_modelopt(step: QuantizerStep) -> tuple[onnx.ModelProto, dict[str, 
     info: dict[str, Any] = {"accuracy_arithmetic": "exact Q/DQ emulation (target arithmetic)",
                             "fp16_nodes": [], "fp32_nodes": []}
     method = "minmax" if step.method == "percentile" else step.method
-    return quantize_with_modelopt(step.model, calibration, method), info
+    quantized = quantize_with_modelopt(step.model, calibration, method)
+    info["quantized_nodes"] = len(quantized_nodes(quantized))
+    info["subgraph_nodes_in_float"] = subgraph_node_count(quantized)
+    return quantized, info
 
 
 def _quantize_cuvil(step: QuantizerStep) -> tuple[onnx.ModelProto, dict[str, Any]]:
