@@ -206,25 +206,6 @@ class TestSignals:
         assert results == ["1.0.0"] * 3
 
 
-class _LiveTegrastats(threading.Thread):
-    """Appends ``line`` to a log every 0.1 s, as ``tegrastats --interval 100 --logfile`` does."""
-
-    def __init__(self, path: Path, line: str) -> None:
-        super().__init__(daemon=True)
-        self.path, self.line = path, line
-        self._stop_event = threading.Event()
-
-    def run(self) -> None:
-        with self.path.open("a") as fh:
-            while not self._stop_event.wait(0.1):
-                fh.write(self.line + "\n")
-                fh.flush()
-
-    def stop(self) -> None:
-        self._stop_event.set()
-        self.join(5)
-
-
 def _wait_for(cond, timeout: float, what: str) -> None:
     deadline = time.monotonic() + timeout
     while not cond():
@@ -332,7 +313,7 @@ class TestMemory:
         assert "cuvil_memory_rejected_admissions_total 2" in _metrics(d)
 
     @pytest.mark.slow
-    def test_pressure_ladder_rejects_with_503_then_recovers(self, store, daemon_factory, tmp_path, digits_data):
+    def test_pressure_ladder_rejects_with_503_then_recovers(self, store, daemon_factory, live_tegrastats, digits_data):
         # A live Orin tegrastats log (tegrastats --logfile, a line every 0.1 s) that this test steers:
         # comfortable while the daemon starts, nearly full once the model is loaded and idle, then
         # comfortable again. Steering by the daemon's state, not by a clock, keeps the order fixed
@@ -341,12 +322,10 @@ class TestMemory:
                 "CPU@47.9C GPU@45.8C VDD_IN 5299mW/5299mW")
         squeeze = f"RAM 7800/7852MB (lfb 2x4MB) SWAP 1500/3926MB (cached 0MB) {tail}"
         normal = f"RAM 2100/7852MB (lfb 900x4MB) SWAP 0/3926MB (cached 0MB) {tail}"
-        log = tmp_path / "tegrastats.log"
-        log.write_text("")
-        writer = _LiveTegrastats(log, normal)
-        writer.start()
+        writer = live_tegrastats(normal)
         try:
-            d = daemon_factory(store, "--board", "orin-nano-8gb", "--tick", "0.1", "--telemetry", f"logfile:{log}")
+            d = daemon_factory(store, "--board", "orin-nano-8gb", "--tick", "0.1", "--telemetry",
+                               f"logfile:{writer.path}")
             writer.line = squeeze
             _wait_for(lambda: 'cuvil_memory_pressure_steps_total{step="REJECT"} 1' in _metrics(d), 30,
                       "the ladder to reach REJECT")
