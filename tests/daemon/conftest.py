@@ -209,6 +209,17 @@ class Daemon:
         self._clients.append(c)
         return c
 
+    def metrics(self) -> str:
+        """The Prometheus text of ``GET /metrics``."""
+        import http.client
+
+        conn = http.client.HTTPConnection(*self.host_port, timeout=10)
+        try:
+            conn.request("GET", "/metrics")
+            return conn.getresponse().read().decode()
+        finally:
+            conn.close()
+
     def rss_kb(self) -> int:
         for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
             if line.startswith("VmRSS:"):

@@ -6,7 +6,6 @@ also proves the checked-in ``grpc_service_pb2_grpc`` works) against the real dae
 
 from __future__ import annotations
 
-import http.client
 import socket
 import time
 
@@ -90,7 +89,7 @@ def test_memory_pressure_is_resource_exhausted_with_a_retry_hint(store, daemon_f
     d = daemon_factory(store, "--board", "orin-nano-8gb", "--tick", "0.1", "--telemetry", f"logfile:{writer.path}")
     writer.line = squeeze  # the model is loaded and idle: the ladder unloads it on its way to REJECT
     deadline = time.monotonic() + 30
-    while 'cuvil_memory_pressure_steps_total{step="REJECT"} 1' not in _metrics(d):
+    while 'cuvil_memory_pressure_steps_total{step="REJECT"} 1' not in d.metrics():
         assert time.monotonic() < deadline, "the ladder never reached REJECT"
         time.sleep(0.1)
     seen: list[str] = []
@@ -124,15 +123,6 @@ def test_memory_pressure_is_resource_exhausted_with_a_retry_hint(store, daemon_f
     # answer is UNAVAILABLE with a retry hint (it comes back by itself), never NOT_FOUND.
     assert seen[-1] == "UNAVAILABLE", seen
     assert int(away["retry-after"]) >= 1
-
-
-def _metrics(d) -> str:
-    conn = http.client.HTTPConnection(*d.host_port, timeout=10)
-    try:
-        conn.request("GET", "/metrics")
-        return conn.getresponse().read().decode()
-    finally:
-        conn.close()
 
 
 class TestListening:

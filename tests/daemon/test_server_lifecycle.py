@@ -157,9 +157,9 @@ class TestSignals:
             t.start()
         queued = 'cuvil_model_queue_size{model="digits",version="1.0.0"} 4'
         deadline = time.monotonic() + 10
-        while queued not in _metrics(d) and time.monotonic() < deadline:
+        while queued not in d.metrics() and time.monotonic() < deadline:
             time.sleep(0.02)
-        assert queued in _metrics(d)
+        assert queued in d.metrics()
         t0 = time.monotonic()
         d.send(signal.SIGTERM)
         for t in threads:
@@ -197,7 +197,7 @@ class TestSignals:
             t.start()
         queued = 'cuvil_model_queue_size{model="digits",version="1.0.0"} 3'
         deadline = time.monotonic() + 10
-        while queued not in _metrics(d) and time.monotonic() < deadline:
+        while queued not in d.metrics() and time.monotonic() < deadline:
             time.sleep(0.02)
         assert _repo(d, "unload", "digits")[0] == 200
         assert not d.client().is_model_ready("digits")
@@ -211,15 +211,6 @@ def _wait_for(cond, timeout: float, what: str) -> None:
     while not cond():
         assert time.monotonic() < deadline, f"timed out after {timeout:.0f} s waiting for {what}"
         time.sleep(0.1)
-
-
-def _metrics(daemon) -> str:
-    conn = http.client.HTTPConnection(*daemon.host_port, timeout=10)
-    try:
-        conn.request("GET", "/metrics")
-        return conn.getresponse().read().decode()
-    finally:
-        conn.close()
 
 
 class TestStartup:
@@ -310,7 +301,7 @@ class TestMemory:
         status, text = _repo(d, "load", "digits")
         assert status == 507
         assert "cannot load 'digits:1.0.0'" in text and "budget" in text
-        assert "cuvil_memory_rejected_admissions_total 2" in _metrics(d)
+        assert "cuvil_memory_rejected_admissions_total 2" in d.metrics()
 
     @pytest.mark.slow
     def test_pressure_ladder_rejects_with_503_then_recovers(self, store, daemon_factory, live_tegrastats, digits_data):
@@ -327,7 +318,7 @@ class TestMemory:
             d = daemon_factory(store, "--board", "orin-nano-8gb", "--tick", "0.1", "--telemetry",
                                f"logfile:{writer.path}")
             writer.line = squeeze
-            _wait_for(lambda: 'cuvil_memory_pressure_steps_total{step="REJECT"} 1' in _metrics(d), 30,
+            _wait_for(lambda: 'cuvil_memory_pressure_steps_total{step="REJECT"} 1' in d.metrics(), 30,
                       "the ladder to reach REJECT")
             x = np.ascontiguousarray(digits_data[:1])
             body = json.dumps({"inputs": [{"name": "input", "shape": [1, 1, 8, 8], "datatype": "FP32",
@@ -356,7 +347,7 @@ class TestMemory:
         # The ladder unloaded the idle model on its way to REJECT: while it is away requests get 503
         # with Retry-After too (never 400 "unknown model"), and once calm it loads again and serves.
         assert seen[-1] == 200 and 400 not in seen, seen
-        metrics = _metrics(d)
+        metrics = d.metrics()
         assert 'cuvil_memory_pressure_steps_total{step="REJECT"} 1' in metrics
         assert 'cuvil_memory_pressure_steps_total{step="UNLOAD_LRU"} 1' in metrics
         assert "unloading the least recently used idle model digits:1.0.0" in d.log
