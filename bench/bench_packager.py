@@ -120,7 +120,8 @@ def tasks_main(args: argparse.Namespace) -> None:
         for name in names:
             n_cal, n_eval = (160, 320) if CORPUS[name].task == "stream" else (args.task_calib, args.task_eval)
             try:
-                cal = write_samples(tmp / f"{name}-cal", samples(name, n_cal, "calibration"))
+                cal_samples = samples(name, n_cal, "calibration")
+                cal = write_samples(tmp / f"{name}-cal", cal_samples)
                 ev = write_samples(tmp / f"{name}-eval", samples(name, n_eval, "evaluation"))
             except BaseException as exc:  # a model whose wheel is missing: say so in the table
                 rows.append({"model": name, "task": CORPUS[name].task, "error": f"no data: {exc}"})
@@ -131,7 +132,10 @@ def tasks_main(args: argparse.Namespace) -> None:
                 if quantizer == "modelopt" and not have_modelopt:
                     rows.append({**row, "error": f"not run: {how}"})
                     continue
-                recipe = recipe_from_dict(recipe_dict(name, board, precision, cal, ev, evaluation={
+                cal_for = cal
+                if quantizer == "modelopt":  # ModelOpt takes one array per input: one shape
+                    cal_for, row["calibration_samples"] = _one_shape(cal_samples, tmp / f"{name}-cal-modelopt", cal)
+                recipe = recipe_from_dict(recipe_dict(name, board, precision, cal_for, ev, evaluation={
                     "data": str(ev), "samples": 1000, "sensitivity_samples": args.task_search}), "bench")
                 t = time.perf_counter()
                 try:
@@ -167,6 +171,24 @@ def tasks_main(args: argparse.Namespace) -> None:
                                                            "float_compute_nodes")}), flush=True)
                 _write_tasks(args, rows, names, how if not have_modelopt else "installed", done=False)
     _write_tasks(args, rows, names, how if not have_modelopt else "installed", done=True)
+
+
+def _one_shape(cal_samples: list[dict], folder: Path, whole: Path) -> tuple[Path, str]:
+    """The calibration samples ModelOpt can take: all of them when they share one shape per input,
+    else the largest set that does (OCR crops vary in width), said in the row."""
+    import sys
+
+    sys.path.insert(0, str(REPO / "tests" / "packager"))
+    from corpus import write_samples
+
+    by_shape: dict[tuple, list[dict]] = {}
+    for sample in cal_samples:
+        by_shape.setdefault(tuple((k, v.shape) for k, v in sorted(sample.items())), []).append(sample)
+    if len(by_shape) == 1:
+        return whole, f"all {len(cal_samples)}"
+    largest = max(by_shape.values(), key=len)
+    return (write_samples(folder, largest),
+            f"{len(largest)} of {len(cal_samples)} (the largest set of one shape: ModelOpt takes one array per input)")
 
 
 def _modelopt_env() -> dict | None:
