@@ -14,8 +14,7 @@ from onnx import helper, numpy_helper
 
 from cuvil_edge.errors import AccuracyError, RecipeError
 from cuvil_edge.packager.data import Dataset
-from cuvil_edge.packager.tasks import TASKS, goal_failures, infer_task, measure, resolve_task
-from cuvil_edge.packager.tasks import keypoints
+from cuvil_edge.packager.tasks import TASKS, goal_failures, infer_task, keypoints, measure, resolve_task
 from cuvil_edge.packager.tasks.detection import Detections, decode, match
 from cuvil_edge.packager.validate import make_session, validate_models
 from cuvil_edge.recipes import TASK_KINDS, AccuracyGoal, recipe_from_dict

@@ -18,7 +18,15 @@ from typing import Any
 import numpy as np
 
 from cuvil_edge.errors import RecipeError
-from cuvil_edge.packager.tasks import classification, ctc, detection, embedding, keypoints, segmentation, stream
+from cuvil_edge.packager.tasks import (
+    classification,
+    ctc,
+    detection,
+    embedding,
+    keypoints,
+    segmentation,
+    stream,
+)
 from cuvil_edge.packager.tasks._common import Outputs, output_figures
 from cuvil_edge.recipes import TASK_KINDS, AccuracyGoal
 
