@@ -103,7 +103,7 @@ def test_yolox_decoding_matches_the_detectors_own_rule():
     xy, wh = (raw[:, :2] + grid) * stride, np.exp(raw[:, 2:4]) * stride
     score = raw[:, 4] * raw[:, 5]
     best = int(score.argmax())
-    assert len(dets[0].scores) >= 10  # characters of the page
+    assert len(dets[0].scores) >= 5  # characters of the page
     assert np.allclose(dets[0].boxes[0], [*(xy[best] - wh[best] / 2), *(xy[best] + wh[best] / 2)], atol=1e-3)
     assert dets[0].scores[0] == pytest.approx(score[best], abs=1e-6)
     assert len(dets[0].scores) <= int((score > 0.1).sum())
