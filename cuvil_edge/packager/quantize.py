@@ -433,8 +433,7 @@ class Quantizer:
         return model
 
     def mixed(self, data: Dataset, kind: str | dict[str, Any] | TaskSpec | None, goal: AccuracyGoal, reference: dict[str, Any] | None = None,
-              max_kept_fraction: float = 0.5, kl_budget: float | None = None,
-              confirm: Dataset | None = None) -> MixedResult:
+              max_kept_fraction: float = 0.5, kl_budget: float | None = None) -> MixedResult:
         """INT8 with the fewest most-sensitive groups kept out of INT8 so ``goal`` holds on ``data``.
 
         Groups are ranked by the error of quantizing each alone. On TensorRT targets a group kept out
@@ -445,10 +444,6 @@ class Quantizer:
         Args:
             kl_budget (float): largest mean KL (classifiers) or 1 - cosine (other outputs) accepted
                 on ``data``. Defaults to the goal's ``max_mean_kl``, else SEARCH_KL_BUDGET.
-            confirm (Dataset): more samples (the whole calibration set) a choice that meets the goal
-                on ``data`` must meet it on too before the search stops: ``data`` is kept small
-                because every group costs a run on it, and on 8 samples PP-OCR's 2-class direction
-                classifier met its goal in INT8 and flipped 3 of 24 held-out crops.
         """
         budget = kl_budget if kl_budget is not None else (goal.max_mean_kl or SEARCH_KL_BUDGET)
         # The search measures the model's job (``packager/tasks``), on every output, as validation does.
@@ -465,20 +460,8 @@ class Quantizer:
                 misses.append(f"search error {err:.4f} > budget {budget:.4f}")
             return err, misses, m
 
-        confirm_ref: dict[str, Any] = {}
-
-        def confirmed(model: onnx.ModelProto, half: list[str]) -> list[str]:
-            """The goal's misses on ``confirm`` (none without confirmation data)."""
-            if confirm is None or len(confirm) <= len(data):
-                return []
-            if not confirm_ref:
-                confirm_ref.update(self.reference_outputs(confirm, kind))
-            miss = self.measure(model, confirm, confirm_ref, kind, goal, half)[1]
-            return [f"on all {len(confirm)} calibration samples: {m}" for m in miss]
-
         full = self.quantize()
         err, misses, metrics = score(full)
-        misses = misses or confirmed(full, [])
         steps = [{"kept_float": [], "tiers": {}, "error": err, "failures": misses, "metrics": metrics}]
         groups = self.groups(full)
         if not misses:
@@ -497,7 +480,7 @@ class Quantizer:
             e, miss, m = score(model, half)
             kind_of = "variant"
             if not miss:
-                model, e, miss, m, kind_of = self._confirm(model, excluded, half, score, (e, miss, m), confirmed)
+                model, e, miss, m, kind_of = self._confirm(model, excluded, half, score, (e, miss, m))
             steps.append({"kept_float": list(tiers), "tiers": dict(tiers), "error": e, "failures": miss,
                           "metrics": m, "model": kind_of})
             shown = ", ".join(f"{g}={t}" for g, t in tiers.items())
@@ -533,10 +516,9 @@ class Quantizer:
                     break
         if misses:
             model, err, misses, metrics = self._eliminate(tiers, groups, order, full, float_model, score, steps,
-                                                          "fp16" if fp16_tier else "fp32", (model, err, misses, metrics), confirmed)
+                                                          "fp16" if fp16_tier else "fp32", (model, err, misses, metrics))
         if not misses and tiers:
-            model, err, metrics = self._refine(tiers, groups, full, float_model, score, steps, model, err, metrics,
-                                               confirmed)
+            model, err, metrics = self._refine(tiers, groups, full, float_model, score, steps, model, err, metrics)
         if misses:  # the goal was never met: ship the last step, quantized for real (validation will say)
             model = self.quantize(nodes_to_exclude=[n for g in tiers for n in groups[g]])
         return MixedResult(
@@ -547,34 +529,27 @@ class Quantizer:
 
     def _confirm(self, variant: onnx.ModelProto, excluded: list[str], half: list[str],
                  score: Callable[..., tuple[float, list[str], dict[str, Any]]],
-                 measured: tuple[float, list[str], dict[str, Any]],
-                 confirmed: Callable[[onnx.ModelProto, list[str]], list[str]]
+                 measured: tuple[float, list[str], dict[str, Any]]
                  ) -> tuple[onnx.ModelProto, float, list[str], dict[str, Any], str]:
         """The model to ship for a choice whose variant (``partial_quant``) was ``measured``: quantized
         for real with ``excluded`` when that meets the goal too (ONNX Runtime's quantizer leaves fewer
         Q/DQ pairs), else the variant itself, which is exactly what was measured. Quantized for real,
         a tensor between an INT8 node and a kept one is still rounded for the kept reader: on PP-OCR's
-        detector that alone cost the mask (0.33 search error where the variant met the goal).
-        Either must also meet the goal on the confirmation data (``confirmed``: its misses)."""
+        detector that alone cost the mask (0.33 search error where the variant met the goal)."""
         if measured[1]:
             return variant, *measured, "variant"
         real = self.quantize(nodes_to_exclude=excluded)
         e, miss, m = score(real, half)
-        if not miss and not (miss := confirmed(real, half)):
+        if not miss:
             return real, e, miss, m, "quantized"
         self._progress(f"quantized for real with that choice the goal misses ({'; '.join(miss)}): "
-                       "trying the variant measured")
-        e, miss, m = measured
-        miss = confirmed(variant, half)
-        if miss:
-            self._progress(f"the variant misses the goal on the confirmation data ({'; '.join(miss)})")
-        return variant, e, miss, m, "variant"
+                       "shipping the variant measured")
+        return variant, *measured, "variant"
 
     def _eliminate(self, tiers: dict[str, str], groups: dict[str, list[str]], order: list[str],
                    full: onnx.ModelProto, float_model: onnx.ModelProto,
                    score: Callable[..., tuple[float, list[str], dict[str, Any]]], steps: list[dict[str, Any]],
-                   tier: str, last: tuple[onnx.ModelProto, float, list[str], dict[str, Any]],
-                   confirmed: Callable[[onnx.ModelProto, list[str]], list[str]]
+                   tier: str, last: tuple[onnx.ModelProto, float, list[str], dict[str, Any]]
                    ) -> tuple[onnx.ModelProto, float, list[str], dict[str, Any]]:
         """From every group out of INT8 (in ``tier``), return groups to INT8, least sensitive first,
         while the goal holds: for models whose INT8 error is spread over the whole network (PP-OCR's
@@ -605,7 +580,7 @@ class Quantizer:
         excluded = [n for g in current for n in groups[g]]
         half = [n for g, t in current.items() if t == "fp16" for n in groups[g]]
         variant = with_float_nodes(full, float_model, set(excluded))
-        model, e, miss, m, kind_of = self._confirm(variant, excluded, half, score, score(variant, half), confirmed)
+        model, e, miss, m, kind_of = self._confirm(variant, excluded, half, score, score(variant, half))
         steps.append({"kept_float": list(current), "tiers": dict(current), "error": e, "failures": miss,
                       "metrics": m, "model": kind_of})
         self._progress(f"kept {len(current)} of {len(order)} group(s) out of INT8 in {tier}: error {e:.5f}, "
@@ -619,8 +594,7 @@ class Quantizer:
     def _refine(self, tiers: dict[str, str], groups: dict[str, list[str]], full: onnx.ModelProto,
                 float_model: onnx.ModelProto,
                 score: Callable[..., tuple[float, list[str], dict[str, Any]]], steps: list[dict[str, Any]],
-                model: onnx.ModelProto, err: float, metrics: dict[str, Any],
-                confirmed: Callable[[onnx.ModelProto, list[str]], list[str]]
+                model: onnx.ModelProto, err: float, metrics: dict[str, Any]
                 ) -> tuple[onnx.ModelProto, float, dict[str, Any]]:
         """Return halves of the kept groups to INT8 while the goal holds (``REFINE_TRIES`` model runs).
 
@@ -674,7 +648,7 @@ class Quantizer:
         excluded = [n for g in tiers for n in groups[g]]
         half = [n for g, t in tiers.items() if t == "fp16" for n in groups[g]]
         variant = with_float_nodes(full, float_model, set(excluded))
-        refined, e, miss, m, kind_of = self._confirm(variant, excluded, half, score, score(variant, half), confirmed)
+        refined, e, miss, m, kind_of = self._confirm(variant, excluded, half, score, score(variant, half))
         steps.append({"kept_float": list(tiers), "tiers": dict(tiers), "error": e, "failures": miss, "metrics": m,
                       "model": kind_of})
         if miss:
