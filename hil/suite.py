@@ -244,7 +244,7 @@ def check_install_project(ctx: SuiteContext) -> dict[str, Any]:
     from hil.project import install_project
 
     version = install_project(ctx.board)
-    which = ctx.board.ssh("command -v cuvil-edged cuvil-edge").stdout.split()
+    which = ctx.board.ssh("command -v cuvil-edged; command -v cuvil-edge").stdout.split()
     _expect(which == ["/usr/local/bin/cuvil-edged", "/usr/local/bin/cuvil-edge"],
             f"console scripts not where the unit expects them: {which}")
     return {"version": version}

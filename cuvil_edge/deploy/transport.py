@@ -148,7 +148,7 @@ class SSHTransport:
 
         assert self.conn is not None
         writer, reader, _ = await self.conn.open_session(command=_SUDO_SFTP, encoding=None)
-        start = _sftp_mod.start_sftp_client
+        start: Any = _sftp_mod.start_sftp_client  # its arguments changed across asyncssh releases
         params = inspect.signature(start).parameters
         # asyncssh's own start_sftp_client(), as SSHClientConnection.start_sftp_client() calls it on
         # the "sftp" subsystem's channel (2.14 to 2.21 take no utf8_decode_errors argument).
