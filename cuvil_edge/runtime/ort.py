@@ -9,7 +9,6 @@ environment allocator (``create_and_register_allocator``) and every session opts
 from __future__ import annotations
 
 import dataclasses
-
 import os
 import threading
 from collections.abc import Mapping, Sequence
