@@ -26,12 +26,12 @@ same HTTP/2 frames) so that:
   taken, the heap is trimmed at the next tick (freed answers of a few MiB stay in glibc's
   arenas otherwise: 478 MiB of 60 unread 4 MiB answers stayed resident after the client left).
 
-What grpcio does not let the daemon do, and the bound that holds instead, is in docs/hardening.md:
-a per-method receive limit (the channel-wide ``--grpc-max-message-mb`` applies to every method
-but the health ones, which read nothing), resetting one stream or closing one connection from a
-handler (an answer not taken stays counted until the client reads or leaves), and a reset budget
-(the server options answer every reset with a PING and close, with GOAWAY, a connection that
-does not answer it within ``--request-timeout``).
+What grpcio (1.85) does not let the daemon do, and the bound that holds instead, is in
+docs/hardening.md with the C-core functions it rests on: count a message before grpcio has
+assembled it (the length prefix is checked against ``--grpc-max-message-mb`` before a byte is
+kept, and one message per call is read at a time), close one connection from a handler, and a
+reset budget (the server options answer every reset with a PING and close, with GOAWAY, a
+connection that does not answer it within ``--request-timeout``).
 """
 
 from __future__ import annotations
