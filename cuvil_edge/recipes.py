@@ -45,6 +45,8 @@ TASK_KINDS: dict[str, str] = {
     "ctc": "greedy CTC decoding of a sequence recogniser: sequence agreement and character error rate "
            "against FP32",
     "stream": "the model run as a stream, each carrying its own state: decision agreement and drift over time",
+    "keypoints": "keypoints or pose decoded by the model's own layout: share of points within 5% of the frame "
+                 "of the original's (PCK@0.05) and mean normalized error",
     "embedding": "cosine similarity and relative error of every output",
     "regression": "cosine similarity and relative error of every output",
 }
@@ -53,6 +55,14 @@ DETECTION_HEADS: dict[str, str] = {
             "objectness column (anchor-based, YOLOv5/v7)",
     "centernet": "heatmap [N, 1, h, w], scale [N, 2, h, w], offset [N, 2, h, w] (+ keypoints), CenterFace-style",
     "nms": "NMS inside the model: [N, K, 6] rows of x1, y1, x2, y2, score, class",
+    "yolox": "raw YOLOX grid outputs [N, A, 5+C]: centre offsets and log sizes per cell at strides 8, 16, 32, "
+             "objectness, class scores",
+}
+# How a keypoint output lays out its points (``packager/tasks/keypoints.py``).
+KEYPOINT_LAYOUTS: dict[str, str] = {
+    "xyxy": "interleaved x, y pairs: [N, 2K] or [N, K, 2]",
+    "xxyy": "every x, then every y: [N, 2K] (MTCNN)",
+    "heatmap": "one map per point [N, K, h, w], read at its arg-max cell",
 }
 QUANTIZERS: dict[str, str] = {
     "cuvil": "cuvil-edge's calibration ranges through ONNX Runtime's quantizer (every board)",
@@ -91,6 +101,8 @@ class AccuracyGoal:
     max_char_error_rate: float | None = None
     min_decision_agreement: float | None = None
     max_relative_error: float | None = None
+    min_pck: float | None = None
+    max_keypoint_error: float | None = None
 
     def to_dict(self) -> dict[str, float]:
         return {k: v for k, v in self.__dict__.items() if v is not None}
@@ -329,6 +341,11 @@ def _check_postprocess(post: dict[str, Any], where: str) -> dict[str, Any]:
             out["objectness"] = bool(_get(post, "objectness", bool, w))
         if "stride" in post:
             out["stride"] = _get(post, "stride", int, w)
+        if "strides" in post:
+            strides = _get(post, "strides", list, w)
+            if not strides or not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in strides):
+                raise RecipeError(f"{w}: field 'strides' must be a list of positive integers, e.g. [8, 16, 32]")
+            out["strides"] = list(strides)
         for key in ("score_threshold", "iou_threshold"):
             if not 0.0 <= out[key] <= 1.0:
                 raise RecipeError(f"{w}: field '{key}' must be within 0..1")
@@ -348,6 +365,21 @@ def _check_postprocess(post: dict[str, Any], where: str) -> dict[str, Any]:
             out["decision"] = _get(post, "decision", str, w)
         if out["stream_length"] < 0:
             raise RecipeError(f"{w}: field 'stream_length' must be 0 (one stream) or more")
+        return out
+    if kind == "keypoints":
+        layout = _get(post, "layout", str, w, "xyxy")
+        if layout not in KEYPOINT_LAYOUTS:
+            raise RecipeError(f"{w}: field 'layout' must be {choices(KEYPOINT_LAYOUTS)}, got '{layout}'")
+        out = {"kind": kind, "layout": layout, "scale": _get(post, "scale", float, w, 1.0),
+               "pck_threshold": _get(post, "pck_threshold", float, w, 0.05)}
+        for key in ("output", "score_output"):
+            if key in post:
+                out[key] = _get(post, key, str, w)
+        if "score_output" in out:
+            out["score_threshold"] = _get(post, "score_threshold", float, w, 0.5)
+            out["score_index"] = _get(post, "score_index", int, w, -1)
+        if out["scale"] <= 0 or out["pck_threshold"] <= 0:
+            raise RecipeError(f"{w}: fields 'scale' and 'pck_threshold' must be above 0")
         return out
     if kind in ("embedding", "regression"):
         return {"kind": kind}

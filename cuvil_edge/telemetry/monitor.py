@@ -94,6 +94,19 @@ def _check_replay(arg: str) -> None:
         raise TelemetryError(f"telemetry log {path!r} does not exist (replay:FILE[@SPEED])")
 
 
+def _open_logfile(arg: str, interval: float, kw: dict[str, Any]) -> TelemetrySource:
+    from cuvil_edge.telemetry.logfile import LogFileSource
+
+    if not arg:
+        raise TelemetryError("logfile needs a file: logfile:FILE")
+    return LogFileSource(arg, interval_s=interval)
+
+
+def _check_logfile(arg: str) -> None:
+    if not arg or not Path(arg).is_file():
+        raise TelemetryError(f"telemetry log {arg!r} does not exist (logfile:FILE, the file tegrastats --logfile writes)")
+
+
 def _open_sim(arg: str, interval: float, kw: dict[str, Any]) -> TelemetrySource:
     from cuvil_edge.telemetry.sim import SimulatedBoard
 
@@ -121,6 +134,8 @@ SOURCE_KINDS: dict[str, SourceKind] = {
     "sysfs": SourceKind("sysfs[:ROOT]", "/proc and /sys under ROOT (default /)", _open_sysfs),
     "replay": SourceKind("replay:FILE[@SPEED]", "a recorded log at SPEED times real time (default 1; 0 = no "
                          "waiting)", _open_replay, _check_replay),
+    "logfile": SourceKind("logfile:FILE", "the lines another process appends to FILE (tegrastats --logfile "
+                          "FILE run as root by a unit of its own)", _open_logfile, _check_logfile),
     "sim": SourceKind("sim:BOARD[@SPEED]", "the simulator of a board profile at SPEED times real time",
                       _open_sim, _check_sim),
 }

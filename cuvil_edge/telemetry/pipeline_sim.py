@@ -183,254 +183,305 @@ class PipelineSim:
     # ------------------------------------------------------------------ run
 
     def run(self, duration_s: float) -> PipelineResult:
+        """Simulate ``duration_s`` seconds of the stream; the result holds figures and a trace per tick."""
+        return _SimRun(self, duration_s).run()
+
+
+class _SimRun:
+    """One run of a :class:`PipelineSim`: the event queue, the pipeline's state, one handler per event.
+
+    Events are ``arrive`` (a frame of a stream), ``form`` (the batcher's queue delay ran out),
+    ``pre_done`` (a batch is pre-processed), ``gpu_done`` (a batch executed) and ``tick`` (a
+    telemetry sample: the board advances, the scheduler and the controller decide). An OOM kill bumps
+    ``epoch``; events of an older epoch are dropped.
+    """
+
+    def __init__(self, sim: PipelineSim, duration_s: float) -> None:
+        self.sim, self.w, self.board, self.rng = sim, sim.w, sim.board, sim.rng
+        self.scheduler, self.controller = sim.scheduler, sim.controller
+        self.duration_s = duration_s
+        mode = f"fixed-{sim.fixed_depth}" if sim.fixed_depth is not None else "adaptive"
+        self.res = PipelineResult(mode=mode, duration_s=duration_s)
+        self.events: list[tuple[float, int, str, Any]] = []
+        self.seq = 0
         w = self.w
-        mode = f"fixed-{self.fixed_depth}" if self.fixed_depth is not None else "adaptive"
-        res = PipelineResult(mode=mode, duration_s=duration_s)
-        events: list[tuple[float, int, str, Any]] = []
-        seq = 0
-
-        def push(t: float, kind: str, payload: Any = None) -> None:
-            nonlocal seq
-            seq += 1
-            heapq.heappush(events, (t, seq, kind, payload))
-
-        period = 1.0 / w.fps
+        self.period = 1.0 / w.fps
         for s in range(w.streams):
-            push(self.rng.uniform(0, period), "arrive", s)
-        push(self.dt, "tick")
-        rings: list[deque[float]] = [deque() for _ in range(w.streams)]
-        in_flight = 0  # batches
-        inflight_frames = 0
-        cpu_free_at = 0.0
-        workers_free_at = [0.0] * max(1, w.cpu_workers)
-        pre_window: list[float] = []  # processing time of each batch formed (not its wait for a worker)
-        peak_tick_bytes = 0  # daemon memory peak since the last tick, tracked at every change
-        gpu_queue: deque[tuple[list[float], float]] = deque()  # (arrivals, ready_time)
-        gpu_busy_until = 0.0
-        gpu_busy_accum = 0.0
-        gpu_running = False
-        down_until = -1.0
-        epoch = 0  # bumped by an OOM kill; stale events are ignored
-        latencies: list[float] = []
-        waits_window: list[float] = []
-        pwaits_window: list[float] = []
-        exec_window: list[float] = []
-        depth_sum = 0.0
-        depth_n = 0
-        completed_window = 0
-        board = self.board
-        resident = w.resident_bytes
+            self.push(self.rng.uniform(0, self.period), "arrive", s)
+        self.push(sim.dt, "tick")
+        self.rings: list[deque[float]] = [deque() for _ in range(w.streams)]
+        self.in_flight = 0  # batches
+        self.inflight_frames = 0
+        self.cpu_free_at = 0.0
+        self.workers_free_at = [0.0] * max(1, w.cpu_workers)
+        self.pre_window: list[float] = []  # processing time of each batch formed (not its wait for a worker)
+        self.peak_tick_bytes = 0  # daemon memory peak since the last tick, tracked at every change
+        self.gpu_queue: deque[tuple[list[float], float]] = deque()  # (arrivals, ready_time)
+        self.gpu_busy_accum = 0.0
+        self.gpu_running = False
+        self.down_until = -1.0
+        self.epoch = 0  # bumped by an OOM kill; stale events are ignored
+        self.latencies: list[float] = []
+        self.waits_window: list[float] = []
+        self.pwaits_window: list[float] = []
+        self.exec_window: list[float] = []
+        self.depth_sum = 0.0
+        self.depth_n = 0
+        self.completed_window = 0
+        self.blocked_accum = 0.0
+        self.resident = w.resident_bytes
         if self.scheduler is not None:
-            self.scheduler.admit("detector", resident)
-            self.scheduler.measure("detector", resident)
+            self.scheduler.admit("detector", self.resident)
+            self.scheduler.measure("detector", self.resident)
 
-        def queued() -> int:
-            return sum(len(r) for r in rings)
+    def push(self, t: float, kind: str, payload: Any = None) -> None:
+        self.seq += 1
+        heapq.heappush(self.events, (t, self.seq, kind, payload))
 
-        def oldest() -> float | None:
-            heads = [r[0] for r in rings if r]
-            return min(heads) if heads else None
+    # ------------------------------------------------------------------ the loop
 
-        def report(now: float) -> None:
-            nonlocal peak_tick_bytes
-            daemon = (resident if now >= down_until else 0) + inflight_frames * w.bytes_per_frame
-            peak_tick_bytes = max(peak_tick_bytes, daemon)
-            board.report_load(inflight_bytes=inflight_frames * w.bytes_per_frame + queued() * w.queued_frame_bytes,
-                              resident_bytes=resident if now >= down_until else 0)
-
-        def oom_check(now: float) -> bool:
-            nonlocal in_flight, inflight_frames, down_until, epoch, gpu_running
-            report(now)
-            if board.ram_used_mb <= board.total_mb:
-                return False
-            res.oom_events += 1
-            res.oom_times.append(round(now, 3))
-            res.lost_to_oom += inflight_frames + queued()
-            for r in rings:
-                r.clear()
-            gpu_queue.clear()
-            if self.scheduler is not None:
-                for _ in range(in_flight):
-                    self.scheduler.end_use("detector")
-            in_flight = inflight_frames = 0
-            gpu_running = False
-            down_until = now + w.restart_s
-            epoch += 1
-            report(now)
-            return True
-
-        def try_form(now: float) -> None:
-            nonlocal in_flight, inflight_frames, cpu_free_at
-            if now < down_until:
-                return
-            while in_flight < self.depth and queued() > 0:
-                old = oldest()
-                batch_cap = (self.scheduler.batch_cap(w.max_batch, w.bytes_per_frame) if self.scheduler is not None
-                             else w.max_batch)
-                if queued() < batch_cap and old is not None and (now - old) * 1000 < w.max_queue_delay_ms:
-                    push(old + w.max_queue_delay_ms / 1000 + 1e-9, "form")
-                    return
-                frames: list[float] = []
-                while len(frames) < batch_cap and queued() > 0:
-                    i = min((k for k in range(len(rings)) if rings[k]), key=lambda k: rings[k][0])
-                    frames.append(rings[i].popleft())
-                in_flight += 1
-                inflight_frames += len(frames)
-                if self.scheduler is not None:
-                    self.scheduler.begin_use("detector")
-                if oom_check(now):
-                    return
-                pre = sum(_lognormal(self.rng, w.pre_ms, w.pre_cv) for _ in frames) / 1000
-                if w.pre_parallel:
-                    k = min(range(len(workers_free_at)), key=workers_free_at.__getitem__)
-                    start = max(now, workers_free_at[k])
-                    workers_free_at[k] = start + pre
-                    done = start + pre
-                else:
-                    pre /= w.cpu_workers
-                    start = max(now, cpu_free_at)
-                    cpu_free_at = start + pre
-                    done = cpu_free_at
-                pre_window.append(pre * 1000)
-                push(done, "pre_done", (epoch, frames))
-
-        def start_gpu(now: float) -> None:
-            nonlocal gpu_running, gpu_busy_until
-            if gpu_running or not gpu_queue:
-                return
-            frames, ready = gpu_queue.popleft()
-            # Queue delay as Triton counts it: from the request's arrival to the start of its execution;
-            # prefetch wait: how long the prepared batch waited for the device.
-            waits_window.extend((now - a) * 1000 for a in frames)
-            pwaits_window.append((now - ready) * 1000)
-            speed = max(0.05, board.speed_factor)
-            t = _lognormal(self.rng, (w.gpu_t0_ms + w.gpu_t1_ms * len(frames)) / 1000, w.gpu_cv) / speed
-            gpu_running = True
-            gpu_busy_until = now + t
-            push(gpu_busy_until, "gpu_done", (epoch, frames, t))
-
+    def run(self) -> PipelineResult:
+        handlers = {"arrive": self.on_arrive, "form": self.on_form, "pre_done": self.on_pre_done,
+                    "gpu_done": self.on_gpu_done, "tick": self.on_tick}
         last_t = 0.0
-        blocked_accum = 0.0
-        while events:
-            now, _, kind, payload = heapq.heappop(events)
-            if now > duration_s:
+        while self.events:
+            now, _, kind, payload = heapq.heappop(self.events)
+            if now > self.duration_s:
                 break
             # Time the batcher had frames but no free slot: depth was the limit.
-            if now >= down_until and in_flight >= self.depth and queued() > 0:
-                blocked_accum += now - last_t
+            if now >= self.down_until and self.in_flight >= self.sim.depth and self.queued() > 0:
+                self.blocked_accum += now - last_t
             last_t = now
-            if kind == "arrive":
-                s = payload
-                push(now + period * (1 + self.rng.uniform(-w.arrival_jitter, w.arrival_jitter)), "arrive", s)
-                res.arrived += 1
-                if now < down_until:
-                    res.dropped += 1
-                    continue
-                if self.scheduler is not None and self.scheduler.should_reject():
-                    res.rejected += 1
-                    continue
-                if len(rings[s]) >= w.ring_frames:
-                    rings[s].popleft()
-                    res.dropped += 1
-                rings[s].append(now)
-                try_form(now)
-            elif kind == "form":
-                try_form(now)
-            elif kind == "pre_done":
-                ep, frames = payload
-                if ep != epoch:
-                    continue
-                gpu_queue.append((frames, now))
-                start_gpu(now)
-            elif kind == "gpu_done":
-                ep, frames, t = payload
-                if ep != epoch:
-                    continue
-                gpu_running = False
-                gpu_busy_accum += t
-                exec_window.append(t * 1000)
-                for a in frames:
-                    latencies.append((now - a) * 1000)
-                    res.completions.append((now, (now - a) * 1000))
-                res.completed += len(frames)
-                completed_window += len(frames)
-                in_flight -= 1
-                inflight_frames -= len(frames)
-                if self.scheduler is not None:
-                    self.scheduler.end_use("detector")
-                report(now)
-                start_gpu(now)
-                try_form(now)
-            elif kind == "tick":
-                push(now + self.dt, "tick")
-                busy = min(1.0, gpu_busy_accum / self.dt)
-                gpu_busy_accum = 0.0
-                daemon_bytes = (resident if now >= down_until else 0) + inflight_frames * w.bytes_per_frame
-                board.report_load(
-                    busy_fraction=busy,
-                    inflight_bytes=inflight_frames * w.bytes_per_frame + queued() * w.queued_frame_bytes,
-                    resident_bytes=resident if now >= down_until else 0,
-                    bandwidth_gbs=completed_window * w.dram_bytes_per_frame / self.dt / 1e9,
-                    cpu_busy_cores=min(w.cpu_workers, completed_window * w.pre_ms / 1000 / self.dt),
-                )
-                completed_window = 0
-                sample: Sample = board.advance(self.dt)
-                if now >= down_until and oom_check(now):  # others grew into our memory
-                    sample = board.advance(1e-6)
-                q95 = _pct(waits_window, 95) if waits_window else 0.0
-                pw95 = _pct(pwaits_window, 95) if pwaits_window else 0.0
-                exec_ms = sum(exec_window) / len(exec_window) if exec_window else None
-                pre_batch_ms = sum(pre_window) / len(pre_window) if pre_window else None
-                waits_window, pwaits_window, exec_window, pre_window = [], [], [], []
-                blocked_pct = 100 * min(1.0, blocked_accum / self.dt)
-                blocked_accum = 0.0
-                level = 0
-                if self.scheduler is not None:
-                    self.scheduler.set_dynamic_bytes(inflight_frames * w.bytes_per_frame)
-                    level = int(self.scheduler.update(sample))
-                    if self.scheduler.used_bytes > self.scheduler.budget_bytes + self.scheduler.reserve_bytes:
-                        res.budget_overruns += 1
-                if self.controller is not None:
-                    want = self.controller.step(sample, DepthInputs(
-                        q95, w.latency_target_ms, memory_level=level, gpu_busy_pct=100 * busy,
-                        prefetch_wait_p95_ms=pw95, exec_ms=exec_ms,
-                        depth_blocked_pct=blocked_pct,
-                        pre_ms=pre_batch_ms if w.pre_parallel else None,
-                        pre_workers=w.cpu_workers if w.pre_parallel else None,
-                    ))
-                    if self.scheduler is not None:
-                        batch_bytes = self.scheduler.batch_cap(w.max_batch, w.bytes_per_frame) * w.bytes_per_frame
-                        cap = self.scheduler.prefetch_cap(self.controller.max_depth,
-                                                          batch_bytes=batch_bytes)
-                    else:
-                        cap = want
-                    self.depth = max(1, min(want, cap))
-                elif self.scheduler is not None and self.fixed_depth is not None:
-                    self.depth = self.fixed_depth
-                depth_sum += self.depth
-                depth_n += 1
-                peak_tick_bytes = max(peak_tick_bytes, daemon_bytes)
-                res.peak_daemon_mb = max(res.peak_daemon_mb, peak_tick_bytes / MiB)
-                res.peak_inflight_mb = max(res.peak_inflight_mb, inflight_frames * w.bytes_per_frame / MiB)
-                res.peak_board_used_mb = max(res.peak_board_used_mb, board.ram_used_mb)
-                res.trace.append({
-                    "t": round(now, 3), "depth": self.depth, "gpu_util": sample.gpu_util_pct,
-                    "emc_util": sample.emc_util_pct, "queue_p95_ms": round(q95, 2), "prefetch_wait_p95_ms": round(pw95, 2),
-                    "blocked_pct": round(blocked_pct, 1), "free_mb": sample.ram_free_mb,
-                    "daemon_mb": round(daemon_bytes / MiB, 1), "peak_daemon_mb": round(peak_tick_bytes / MiB, 1),
-                    "level": level, "speed": round(board.speed_factor, 3),
-                    "temp_c": sample.max_temp_c,
-                })
-                peak_tick_bytes = daemon_bytes
-                try_form(now)
-        res.throughput_fps = res.completed / duration_s
-        res.p50_ms = _pct(latencies, 50)
-        res.p95_ms = _pct(latencies, 95)
-        res.p99_ms = _pct(latencies, 99)
-        res.mean_depth = depth_sum / depth_n if depth_n else float(self.depth)
+            handlers[kind](now, payload)
+        return self.finish()
+
+    def finish(self) -> PipelineResult:
+        res, sim = self.res, self.sim
+        res.throughput_fps = res.completed / self.duration_s
+        res.p50_ms = _pct(self.latencies, 50)
+        res.p95_ms = _pct(self.latencies, 95)
+        res.p99_ms = _pct(self.latencies, 99)
+        res.mean_depth = self.depth_sum / self.depth_n if self.depth_n else float(sim.depth)
         if self.controller is not None:
             res.depth_changes = self.controller.changes
             res.direction_changes = self.controller.direction_changes
         if self.scheduler is not None:
             res.pressure_steps = dict(self.scheduler.steps_total)
         return res
+
+    # ------------------------------------------------------------------ the pipeline's state
+
+    def queued(self) -> int:
+        return sum(len(r) for r in self.rings)
+
+    def oldest(self) -> float | None:
+        heads = [r[0] for r in self.rings if r]
+        return min(heads) if heads else None
+
+    def daemon_bytes(self, now: float) -> int:
+        return (self.resident if now >= self.down_until else 0) + self.inflight_frames * self.w.bytes_per_frame
+
+    def report(self, now: float) -> None:
+        w = self.w
+        self.peak_tick_bytes = max(self.peak_tick_bytes, self.daemon_bytes(now))
+        self.board.report_load(
+            inflight_bytes=self.inflight_frames * w.bytes_per_frame + self.queued() * w.queued_frame_bytes,
+            resident_bytes=self.resident if now >= self.down_until else 0)
+
+    def oom_check(self, now: float) -> bool:
+        """Kill the daemon if the board ran out of RAM: everything queued and in flight is lost."""
+        self.report(now)
+        if self.board.ram_used_mb <= self.board.total_mb:
+            return False
+        res = self.res
+        res.oom_events += 1
+        res.oom_times.append(round(now, 3))
+        res.lost_to_oom += self.inflight_frames + self.queued()
+        for r in self.rings:
+            r.clear()
+        self.gpu_queue.clear()
+        if self.scheduler is not None:
+            for _ in range(self.in_flight):
+                self.scheduler.end_use("detector")
+        self.in_flight = self.inflight_frames = 0
+        self.gpu_running = False
+        self.down_until = now + self.w.restart_s
+        self.epoch += 1
+        self.report(now)
+        return True
+
+    def try_form(self, now: float) -> None:
+        """Form batches while a prefetch slot is free (or wait for the queue delay to fill one)."""
+        w = self.w
+        if now < self.down_until:
+            return
+        while self.in_flight < self.sim.depth and self.queued() > 0:
+            old = self.oldest()
+            batch_cap = (self.scheduler.batch_cap(w.max_batch, w.bytes_per_frame) if self.scheduler is not None
+                         else w.max_batch)
+            if self.queued() < batch_cap and old is not None and (now - old) * 1000 < w.max_queue_delay_ms:
+                self.push(old + w.max_queue_delay_ms / 1000 + 1e-9, "form")
+                return
+            frames: list[float] = []
+            while len(frames) < batch_cap and self.queued() > 0:
+                i = min((k for k in range(len(self.rings)) if self.rings[k]), key=lambda k: self.rings[k][0])
+                frames.append(self.rings[i].popleft())
+            self.in_flight += 1
+            self.inflight_frames += len(frames)
+            if self.scheduler is not None:
+                self.scheduler.begin_use("detector")
+            if self.oom_check(now):
+                return
+            self.push(self.preprocess(now, frames), "pre_done", (self.epoch, frames))
+
+    def preprocess(self, now: float, frames: list[float]) -> float:
+        """When the batch's pre-processing ends: on the least busy worker, or spread over all."""
+        w = self.w
+        pre = sum(_lognormal(self.rng, w.pre_ms, w.pre_cv) for _ in frames) / 1000
+        if w.pre_parallel:
+            k = min(range(len(self.workers_free_at)), key=self.workers_free_at.__getitem__)
+            start = max(now, self.workers_free_at[k])
+            self.workers_free_at[k] = start + pre
+            done = start + pre
+        else:
+            pre /= w.cpu_workers
+            start = max(now, self.cpu_free_at)
+            self.cpu_free_at = start + pre
+            done = self.cpu_free_at
+        self.pre_window.append(pre * 1000)
+        return done
+
+    def start_gpu(self, now: float) -> None:
+        if self.gpu_running or not self.gpu_queue:
+            return
+        w = self.w
+        frames, ready = self.gpu_queue.popleft()
+        # Queue delay as Triton counts it: from the request's arrival to the start of its execution;
+        # prefetch wait: how long the prepared batch waited for the device.
+        self.waits_window.extend((now - a) * 1000 for a in frames)
+        self.pwaits_window.append((now - ready) * 1000)
+        speed = max(0.05, self.board.speed_factor)
+        t = _lognormal(self.rng, (w.gpu_t0_ms + w.gpu_t1_ms * len(frames)) / 1000, w.gpu_cv) / speed
+        self.gpu_running = True
+        self.push(now + t, "gpu_done", (self.epoch, frames, t))
+
+    # ------------------------------------------------------------------ events
+
+    def on_arrive(self, now: float, stream: int) -> None:
+        w, res = self.w, self.res
+        self.push(now + self.period * (1 + self.rng.uniform(-w.arrival_jitter, w.arrival_jitter)), "arrive", stream)
+        res.arrived += 1
+        if now < self.down_until:
+            res.dropped += 1
+            return
+        if self.scheduler is not None and self.scheduler.should_reject():
+            res.rejected += 1
+            return
+        ring = self.rings[stream]
+        if len(ring) >= w.ring_frames:
+            ring.popleft()
+            res.dropped += 1
+        ring.append(now)
+        self.try_form(now)
+
+    def on_form(self, now: float, _payload: Any) -> None:
+        self.try_form(now)
+
+    def on_pre_done(self, now: float, payload: tuple[int, list[float]]) -> None:
+        ep, frames = payload
+        if ep != self.epoch:
+            return
+        self.gpu_queue.append((frames, now))
+        self.start_gpu(now)
+
+    def on_gpu_done(self, now: float, payload: tuple[int, list[float], float]) -> None:
+        ep, frames, t = payload
+        if ep != self.epoch:
+            return
+        res = self.res
+        self.gpu_running = False
+        self.gpu_busy_accum += t
+        self.exec_window.append(t * 1000)
+        for a in frames:
+            self.latencies.append((now - a) * 1000)
+            res.completions.append((now, (now - a) * 1000))
+        res.completed += len(frames)
+        self.completed_window += len(frames)
+        self.in_flight -= 1
+        self.inflight_frames -= len(frames)
+        if self.scheduler is not None:
+            self.scheduler.end_use("detector")
+        self.report(now)
+        self.start_gpu(now)
+        self.try_form(now)
+
+    def on_tick(self, now: float, _payload: Any) -> None:
+        """A telemetry sample: the board advances; the scheduler and the controller set the depth."""
+        sim, w, board, res = self.sim, self.w, self.board, self.res
+        self.push(now + sim.dt, "tick")
+        busy = min(1.0, self.gpu_busy_accum / sim.dt)
+        self.gpu_busy_accum = 0.0
+        daemon_bytes = self.daemon_bytes(now)
+        board.report_load(
+            busy_fraction=busy,
+            inflight_bytes=self.inflight_frames * w.bytes_per_frame + self.queued() * w.queued_frame_bytes,
+            resident_bytes=self.resident if now >= self.down_until else 0,
+            bandwidth_gbs=self.completed_window * w.dram_bytes_per_frame / sim.dt / 1e9,
+            cpu_busy_cores=min(w.cpu_workers, self.completed_window * w.pre_ms / 1000 / sim.dt),
+        )
+        self.completed_window = 0
+        sample: Sample = board.advance(sim.dt)
+        if now >= self.down_until and self.oom_check(now):  # others grew into our memory
+            sample = board.advance(1e-6)
+        q95 = _pct(self.waits_window, 95) if self.waits_window else 0.0
+        pw95 = _pct(self.pwaits_window, 95) if self.pwaits_window else 0.0
+        exec_ms = sum(self.exec_window) / len(self.exec_window) if self.exec_window else None
+        pre_batch_ms = sum(self.pre_window) / len(self.pre_window) if self.pre_window else None
+        self.waits_window, self.pwaits_window, self.exec_window, self.pre_window = [], [], [], []
+        blocked_pct = 100 * min(1.0, self.blocked_accum / sim.dt)
+        self.blocked_accum = 0.0
+        level = self.decide_depth(sample, busy, q95, pw95, exec_ms, pre_batch_ms, blocked_pct)
+        self.depth_sum += sim.depth
+        self.depth_n += 1
+        self.peak_tick_bytes = max(self.peak_tick_bytes, daemon_bytes)
+        res.peak_daemon_mb = max(res.peak_daemon_mb, self.peak_tick_bytes / MiB)
+        res.peak_inflight_mb = max(res.peak_inflight_mb, self.inflight_frames * w.bytes_per_frame / MiB)
+        res.peak_board_used_mb = max(res.peak_board_used_mb, board.ram_used_mb)
+        res.trace.append({
+            "t": round(now, 3), "depth": sim.depth, "gpu_util": sample.gpu_util_pct,
+            "emc_util": sample.emc_util_pct, "queue_p95_ms": round(q95, 2), "prefetch_wait_p95_ms": round(pw95, 2),
+            "blocked_pct": round(blocked_pct, 1), "free_mb": sample.ram_free_mb,
+            "daemon_mb": round(daemon_bytes / MiB, 1), "peak_daemon_mb": round(self.peak_tick_bytes / MiB, 1),
+            "level": level, "speed": round(board.speed_factor, 3),
+            "temp_c": sample.max_temp_c,
+        })
+        self.peak_tick_bytes = daemon_bytes
+        self.try_form(now)
+
+    def decide_depth(self, sample: Sample, busy: float, q95: float, pw95: float, exec_ms: float | None,
+                     pre_batch_ms: float | None, blocked_pct: float) -> int:
+        """Feed the sample to the scheduler and the controller; set the depth; return the pressure level."""
+        sim, w, res = self.sim, self.w, self.res
+        level = 0
+        if self.scheduler is not None:
+            self.scheduler.set_dynamic_bytes(self.inflight_frames * w.bytes_per_frame)
+            level = int(self.scheduler.update(sample))
+            if self.scheduler.used_bytes > self.scheduler.budget_bytes + self.scheduler.reserve_bytes:
+                res.budget_overruns += 1
+        if self.controller is not None:
+            want = self.controller.step(sample, DepthInputs(
+                q95, w.latency_target_ms, memory_level=level, gpu_busy_pct=100 * busy,
+                prefetch_wait_p95_ms=pw95, exec_ms=exec_ms,
+                depth_blocked_pct=blocked_pct,
+                pre_ms=pre_batch_ms if w.pre_parallel else None,
+                pre_workers=w.cpu_workers if w.pre_parallel else None,
+            ))
+            if self.scheduler is not None:
+                batch_bytes = self.scheduler.batch_cap(w.max_batch, w.bytes_per_frame) * w.bytes_per_frame
+                cap = self.scheduler.prefetch_cap(self.controller.max_depth, batch_bytes=batch_bytes)
+            else:
+                cap = want
+            sim.depth = max(1, min(want, cap))
+        elif self.scheduler is not None and sim.fixed_depth is not None:
+            sim.depth = sim.fixed_depth
+        return level

@@ -131,7 +131,7 @@ EXPORTS: dict[str, list[str]] = {
         "resize_normalize", "select_isa", "set_num_threads", "softmax", "softmax_topk"
     ],
     "cuvil_edge.telemetry": [
-        "AUTO_CHAIN", "BOARD_FIGURES", "JtopSource", "NON_DIE_SENSORS", "ReplaySource", "Sample", "Scenario",
+        "AUTO_CHAIN", "BOARD_FIGURES", "JtopSource", "LogFileSource", "NON_DIE_SENSORS", "ReplaySource", "Sample", "Scenario",
         "SOURCE_KINDS", "SimulatedBoard", "SourceExhausted", "SourceKind", "SysfsSource", "TegrastatsSource",
         "TelemetryMonitor", "TelemetrySource", "check_spec", "expand_spec", "load_log", "open_source",
         "parse_tegrastats_line", "sample_from_jtop", "source_usage"

@@ -111,6 +111,13 @@ class TestTelemetrySources:
             check_spec(spec)
             with open_source(spec, interval_s=0.01) as source:
                 assert source.read() is not None, kind
+        live = tmp_path / "live.log"
+        live.write_text("")
+        check_spec(f"logfile:{live}")
+        with open_source(f"logfile:{live}", interval_s=0.01) as source:
+            with live.open("a") as fh:
+                fh.write(next(ln for ln in log.read_text("utf-8").splitlines() if ln.startswith("RAM")) + "\n")
+            assert source.read(timeout=5) is not None, "logfile"
         with pytest.raises(TelemetryError, match="unknown telemetry source 'nvml'.*sim:BOARD"):
             check_spec("nvml")
         with pytest.raises(TelemetryError, match="does not exist"):

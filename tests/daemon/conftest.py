@@ -16,6 +16,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -208,6 +209,17 @@ class Daemon:
         self._clients.append(c)
         return c
 
+    def metrics(self) -> str:
+        """The Prometheus text of ``GET /metrics``."""
+        import http.client
+
+        conn = http.client.HTTPConnection(*self.host_port, timeout=10)
+        try:
+            conn.request("GET", "/metrics")
+            return conn.getresponse().read().decode()
+        finally:
+            conn.close()
+
     def rss_kb(self) -> int:
         for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
             if line.startswith("VmRSS:"):
@@ -232,6 +244,25 @@ class Daemon:
         return self.proc.returncode
 
 
+class LiveTegrastats(threading.Thread):
+    """Appends ``line`` to a log every 0.1 s, as ``tegrastats --interval 100 --logfile`` does."""
+
+    def __init__(self, path: Path, line: str) -> None:
+        super().__init__(daemon=True)
+        self.path, self.line = path, line
+        self._stop_event = threading.Event()
+
+    def run(self) -> None:
+        with self.path.open("a") as fh:
+            while not self._stop_event.wait(0.1):
+                fh.write(self.line + "\n")
+                fh.flush()
+
+    def stop(self) -> None:
+        self._stop_event.set()
+        self.join(5)
+
+
 @pytest.fixture
 def daemon_factory(tmp_path: Path) -> Iterator[Callable[..., Daemon]]:
     """Start daemons (``factory(store, *args, ready=True)``); all are stopped at teardown."""
@@ -245,6 +276,24 @@ def daemon_factory(tmp_path: Path) -> Iterator[Callable[..., Daemon]]:
     yield factory
     for d in started:
         d.stop()
+
+
+@pytest.fixture
+def live_tegrastats(tmp_path: Path) -> Iterator[Callable[[str], LiveTegrastats]]:
+    """Start a live tegrastats log (``factory(first_line)``; steer it by setting ``.line``); stopped at teardown."""
+    started: list[LiveTegrastats] = []
+
+    def factory(line: str) -> LiveTegrastats:
+        path = tmp_path / f"tegrastats-{len(started)}.log"
+        path.write_text("")
+        writer = LiveTegrastats(path, line)
+        started.append(writer)
+        writer.start()
+        return writer
+
+    yield factory
+    for writer in started:
+        writer.stop()
 
 
 @pytest.fixture

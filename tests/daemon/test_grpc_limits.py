@@ -79,15 +79,19 @@ class TestAuthAndSize:
 
 
 @pytest.mark.slow
-def test_memory_pressure_is_resource_exhausted_with_a_retry_hint(store, daemon_factory, tmp_path, digits_data):
-    """The replayed squeeze of test_server_lifecycle's 503 test, over gRPC."""
+def test_memory_pressure_is_resource_exhausted_with_a_retry_hint(store, daemon_factory, live_tegrastats, digits_data):
+    """The steered squeeze of test_server_lifecycle's 503 test, over gRPC."""
     tail = ("CPU [6%@729,9%@729,5%@729,16%@729,off,off] EMC_FREQ 4%@2133 GR3D_FREQ 0%@611 "
             "CPU@47.9C GPU@45.8C VDD_IN 5299mW/5299mW")
     squeeze = f"RAM 7800/7852MB (lfb 2x4MB) SWAP 1500/3926MB (cached 0MB) {tail}"
     normal = f"RAM 2100/7852MB (lfb 900x4MB) SWAP 0/3926MB (cached 0MB) {tail}"
-    log = tmp_path / "squeeze.log"
-    log.write_text("\n".join([squeeze] * 80 + [normal] * 200) + "\n")
-    d = daemon_factory(store, "--board", "orin-nano-8gb", "--tick", "0.1", "--telemetry", f"replay:{log}")
+    writer = live_tegrastats(normal)
+    d = daemon_factory(store, "--board", "orin-nano-8gb", "--tick", "0.1", "--telemetry", f"logfile:{writer.path}")
+    writer.line = squeeze  # the model is loaded and idle: the ladder unloads it on its way to REJECT
+    deadline = time.monotonic() + 30
+    while 'cuvil_memory_pressure_steps_total{step="REJECT"} 1' not in d.metrics():
+        assert time.monotonic() < deadline, "the ladder never reached REJECT"
+        time.sleep(0.1)
     seen: list[str] = []
     retry: dict[str, str] = {}
     away: dict[str, str] = {}
@@ -103,6 +107,7 @@ def test_memory_pressure_is_resource_exhausted_with_a_retry_hint(store, daemon_f
                 if exc.code() == grpc.StatusCode.RESOURCE_EXHAUSTED:
                     assert "memory pressure" in exc.details() and "retry in" in exc.details()
                     retry = dict(exc.trailing_metadata() or ())
+                    writer.line = normal  # one refusal seen: the squeeze may end
                 if exc.code() == grpc.StatusCode.UNAVAILABLE:
                     assert "unloaded under memory pressure" in exc.details()
                     away = dict(exc.trailing_metadata() or ())

@@ -157,9 +157,9 @@ class TestSignals:
             t.start()
         queued = 'cuvil_model_queue_size{model="digits",version="1.0.0"} 4'
         deadline = time.monotonic() + 10
-        while queued not in _metrics(d) and time.monotonic() < deadline:
+        while queued not in d.metrics() and time.monotonic() < deadline:
             time.sleep(0.02)
-        assert queued in _metrics(d)
+        assert queued in d.metrics()
         t0 = time.monotonic()
         d.send(signal.SIGTERM)
         for t in threads:
@@ -197,7 +197,7 @@ class TestSignals:
             t.start()
         queued = 'cuvil_model_queue_size{model="digits",version="1.0.0"} 3'
         deadline = time.monotonic() + 10
-        while queued not in _metrics(d) and time.monotonic() < deadline:
+        while queued not in d.metrics() and time.monotonic() < deadline:
             time.sleep(0.02)
         assert _repo(d, "unload", "digits")[0] == 200
         assert not d.client().is_model_ready("digits")
@@ -206,13 +206,11 @@ class TestSignals:
         assert results == ["1.0.0"] * 3
 
 
-def _metrics(daemon) -> str:
-    conn = http.client.HTTPConnection(*daemon.host_port, timeout=10)
-    try:
-        conn.request("GET", "/metrics")
-        return conn.getresponse().read().decode()
-    finally:
-        conn.close()
+def _wait_for(cond, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, f"timed out after {timeout:.0f} s waiting for {what}"
+        time.sleep(0.1)
 
 
 class TestStartup:
@@ -303,44 +301,53 @@ class TestMemory:
         status, text = _repo(d, "load", "digits")
         assert status == 507
         assert "cannot load 'digits:1.0.0'" in text and "budget" in text
-        assert "cuvil_memory_rejected_admissions_total 2" in _metrics(d)
+        assert "cuvil_memory_rejected_admissions_total 2" in d.metrics()
 
     @pytest.mark.slow
-    def test_pressure_ladder_rejects_with_503_then_recovers(self, store, daemon_factory, tmp_path, digits_data):
-        # A replayed Orin log (0.1 s a line): RAM nearly full for 8 s, then comfortable again. The
-        # replay starts before the model loads, so the squeeze outlasts a slow start.
+    def test_pressure_ladder_rejects_with_503_then_recovers(self, store, daemon_factory, live_tegrastats, digits_data):
+        # A live Orin tegrastats log (tegrastats --logfile, a line every 0.1 s) that this test steers:
+        # comfortable while the daemon starts, nearly full once the model is loaded and idle, then
+        # comfortable again. Steering by the daemon's state, not by a clock, keeps the order fixed
+        # however slow the machine is (a replay timed from the start raced the model's load).
         tail = ("CPU [6%@729,9%@729,5%@729,16%@729,off,off] EMC_FREQ 4%@2133 GR3D_FREQ 0%@611 "
                 "CPU@47.9C GPU@45.8C VDD_IN 5299mW/5299mW")
         squeeze = f"RAM 7800/7852MB (lfb 2x4MB) SWAP 1500/3926MB (cached 0MB) {tail}"
         normal = f"RAM 2100/7852MB (lfb 900x4MB) SWAP 0/3926MB (cached 0MB) {tail}"
-        log = tmp_path / "squeeze.log"
-        log.write_text("\n".join([squeeze] * 80 + [normal] * 200) + "\n")
-        d = daemon_factory(store, "--board", "orin-nano-8gb", "--tick", "0.1", "--telemetry", f"replay:{log}")
-        x = np.ascontiguousarray(digits_data[:1])
-        body = json.dumps({"inputs": [{"name": "input", "shape": [1, 1, 8, 8], "datatype": "FP32",
-                                       "data": x.ravel().tolist()}]})
-        seen: list[int] = []
-        retry_after = None
-        deadline = time.monotonic() + 45
-        while time.monotonic() < deadline:
-            conn = http.client.HTTPConnection(*d.host_port, timeout=10)
-            conn.request("POST", "/v2/models/digits/infer", body=body)
-            resp = conn.getresponse()
-            text = resp.read().decode()
-            conn.close()
-            if not seen or seen[-1] != resp.status:
-                seen.append(resp.status)
-            if resp.status == 503:
-                retry_after = resp.getheader("retry-after")
-                assert "memory pressure" in json.loads(text)["error"]
-            if 503 in seen and resp.status != 503:
-                break
-            time.sleep(0.05)
+        writer = live_tegrastats(normal)
+        try:
+            d = daemon_factory(store, "--board", "orin-nano-8gb", "--tick", "0.1", "--telemetry",
+                               f"logfile:{writer.path}")
+            writer.line = squeeze
+            _wait_for(lambda: 'cuvil_memory_pressure_steps_total{step="REJECT"} 1' in d.metrics(), 30,
+                      "the ladder to reach REJECT")
+            x = np.ascontiguousarray(digits_data[:1])
+            body = json.dumps({"inputs": [{"name": "input", "shape": [1, 1, 8, 8], "datatype": "FP32",
+                                           "data": x.ravel().tolist()}]})
+            seen: list[int] = []
+            retry_after = None
+            deadline = time.monotonic() + 45
+            while time.monotonic() < deadline:
+                conn = http.client.HTTPConnection(*d.host_port, timeout=10)
+                conn.request("POST", "/v2/models/digits/infer", body=body)
+                resp = conn.getresponse()
+                text = resp.read().decode()
+                conn.close()
+                if not seen or seen[-1] != resp.status:
+                    seen.append(resp.status)
+                if resp.status == 503:
+                    retry_after = resp.getheader("retry-after")
+                    assert "memory pressure" in json.loads(text)["error"]
+                    writer.line = normal  # one refusal seen: the squeeze may end
+                if 503 in seen and resp.status != 503:
+                    break
+                time.sleep(0.05)
+        finally:
+            writer.stop()
         assert 503 in seen and retry_after is not None and int(retry_after) >= 1
         # The ladder unloaded the idle model on its way to REJECT: while it is away requests get 503
         # with Retry-After too (never 400 "unknown model"), and once calm it loads again and serves.
         assert seen[-1] == 200 and 400 not in seen, seen
-        metrics = _metrics(d)
+        metrics = d.metrics()
         assert 'cuvil_memory_pressure_steps_total{step="REJECT"} 1' in metrics
         assert 'cuvil_memory_pressure_steps_total{step="UNLOAD_LRU"} 1' in metrics
         assert "unloading the least recently used idle model digits:1.0.0" in d.log

@@ -10,6 +10,7 @@ named step.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import json
 import os
@@ -54,9 +55,11 @@ def _settled(dev, txn: str) -> bool:
     return not st.get("pending") and out.get("txn") == txn and bool(out.get("complete"))
 
 
-async def _deploy_cut_at(lab, dev, bundle, step: str, heal_after: float | None, options: DeployOptions):
-    """Deploy through a proxy, cut the link when the device step reaches ``step``, release the step,
-    and heal the link after ``heal_after`` seconds (None: never, the host gives up)."""
+@contextlib.asynccontextmanager
+async def _held_at(lab, dev, bundle, step: str, options: DeployOptions):
+    """Deploy ``bundle`` through a cuttable proxy and hold the device step at ``step``; yields
+    ``(proxy, task, flag)`` once the step is there (unlink ``flag`` to release it). The task is
+    cancelled and the proxy closed on the way out."""
     proxy = LinkProxy(dev.port)
     await proxy.start()
     with open(lab.known_hosts, "a") as f:
@@ -68,17 +71,24 @@ async def _deploy_cut_at(lab, dev, bundle, step: str, heal_after: float | None, 
     task = asyncio.ensure_future(deploy_device(bundle, addr, options))
     try:
         await _until(reached.exists, 120, f"the device step to reach {step}")
+        yield proxy, task, flag
+    finally:
+        flag.unlink(missing_ok=True)
+        if not task.done():
+            task.cancel()
+        await proxy.close()
+
+
+async def _deploy_cut_at(lab, dev, bundle, step: str, heal_after: float | None, options: DeployOptions):
+    """Deploy through a proxy, cut the link when the device step reaches ``step``, release the step,
+    and heal the link after ``heal_after`` seconds (None: never, the host gives up)."""
+    async with _held_at(lab, dev, bundle, step, options) as (proxy, task, flag):
         proxy.cut()
         flag.unlink()
         if heal_after is not None:
             await asyncio.sleep(heal_after)
             proxy.heal()
         result = await asyncio.wait_for(task, 240)
-    finally:
-        flag.unlink(missing_ok=True)
-        if not task.done():
-            task.cancel()
-        await proxy.close()
     assert proxy.cuts >= 1
     return result
 
@@ -164,18 +174,10 @@ def test_daemon_killed_during_pending_switch_reverts_it(lab, bundles, deploy_key
     b1, b2 = (prepare_bundle(bundles[k], deploy_keys["public"]) for k in ("v1", "v2"))
     opts = DeployOptions(health_timeout=5, confirm_deadline=15, reconnect_for=1.0)
     assert run_sync(deploy_device(b1, addr, opts)).status == "deployed"
-    flag, reached = dev.pause_dir / "gate.pause", dev.pause_dir / "gate.reached"
-    flag.touch()
     daemon = lab.daemons["dev0"]
 
     async def scenario():
-        proxy = LinkProxy(dev.port)
-        await proxy.start()
-        with open(lab.known_hosts, "a") as f:
-            f.write(f"[127.0.0.1]:{proxy.port} {dev.host_pub}\n")
-        task = asyncio.ensure_future(deploy_device(b2, dataclasses.replace(addr, port=proxy.port), opts))
-        try:
-            await _until(reached.exists, 120, "the device step to reach the gate")
+        async with _held_at(lab, dev, b2, "gate", opts) as (proxy, task, flag):
             pending = _state(dev)["pending"]
             assert pending["version"] == "1.1.0" and _current(dev) == "1.1.0"
             os.kill(int(pending["pid"]), signal.SIGKILL)
@@ -184,9 +186,6 @@ def test_daemon_killed_during_pending_switch_reverts_it(lab, bundles, deploy_key
             proxy.cut()  # the host loses the device too
             flag.unlink()
             return await asyncio.wait_for(task, 60), pending
-        finally:
-            flag.unlink(missing_ok=True)
-            await proxy.close()
 
     host, pending = run_sync(scenario())
     assert host.status == "unreachable"
@@ -274,18 +273,10 @@ def test_host_reconnecting_after_the_deadline_reverts_and_reports_what_the_devic
     b1, b2 = (prepare_bundle(bundles[k], deploy_keys["public"]) for k in ("v1", "v2"))
     opts = DeployOptions(health_timeout=5, confirm_deadline=12, reconnect_for=40.0)
     assert run_sync(deploy_device(b1, addr, opts)).status == "deployed"
-    flag, reached = dev.pause_dir / "gate.pause", dev.pause_dir / "gate.reached"
-    flag.touch()
     daemon = lab.daemons["dev0"]
 
     async def scenario():
-        proxy = LinkProxy(dev.port)
-        await proxy.start()
-        with open(lab.known_hosts, "a") as f:
-            f.write(f"[127.0.0.1]:{proxy.port} {dev.host_pub}\n")
-        task = asyncio.ensure_future(deploy_device(b2, dataclasses.replace(addr, port=proxy.port), opts))
-        try:
-            await _until(reached.exists, 120, "the device step to reach the gate")
+        async with _held_at(lab, dev, b2, "gate", opts) as (proxy, task, flag):
             pending = _state(dev)["pending"]
             os.kill(int(pending["pid"]), signal.SIGKILL)
             daemon.stop()
@@ -295,9 +286,6 @@ def test_host_reconnecting_after_the_deadline_reverts_and_reports_what_the_devic
             assert _state(dev)["pending"]["txn"] == pending["txn"]  # still nobody reverted it
             proxy.heal()
             return await asyncio.wait_for(task, 120)
-        finally:
-            flag.unlink(missing_ok=True)
-            await proxy.close()
 
     host = run_sync(scenario())
     assert host.status == "rolled-back" and host.stage == "reverted", (host.status, host.reason)

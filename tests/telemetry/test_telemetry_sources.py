@@ -10,11 +10,13 @@ from telemetry_helpers import DATA, bump_proc_stat, recorded_lines
 
 from cuvil_edge.errors import TelemetryError
 from cuvil_edge.telemetry import (
+    LogFileSource,
     ReplaySource,
     SimulatedBoard,
     SourceExhausted,
     SysfsSource,
     TegrastatsSource,
+    check_spec,
     open_source,
     sample_from_jtop,
 )
@@ -121,6 +123,53 @@ class TestReplaySource:
         empty.write_text("junk only\n")
         with pytest.raises(TelemetryError, match="no readable"):
             ReplaySource(empty)
+
+
+class TestLogFileSource:
+    """``logfile:FILE``: what tegrastats --logfile appends after the source opened, as it comes."""
+
+    def test_only_lines_written_after_opening_and_whole_lines_only(self, tmp_path: Path) -> None:
+        lines = recorded_lines("orin_jp6.log")
+        log = tmp_path / "tegrastats.log"
+        log.write_text(lines[0] + "\n")  # history: not a sample of now
+        src = LogFileSource(log, interval_s=0.05)
+        try:
+            with pytest.raises(TelemetryError, match="no new line in 0.2 s"):
+                src.read(timeout=0.2)
+            with log.open("a") as fh:
+                fh.write(lines[1][:20])  # the writer is mid-line: nothing yet
+                fh.flush()
+                with pytest.raises(TelemetryError, match="no new line"):
+                    src.read(timeout=0.2)
+                fh.write(lines[1][20:] + "\nnot a tegrastats line\n" + lines[2] + "\n")
+            before = time.time()
+            got = [src.read(timeout=2), src.read(timeout=2)]
+            assert [s.ram_used_mb for s in got] == [2448, 4321]
+            assert all(s.timestamp >= before and s.source == "logfile:tegrastats.log" for s in got)
+            assert src.get_status()["lines_skipped"] == 1
+        finally:
+            src.close()
+
+    def test_rotated_or_truncated_log_is_read_from_its_start(self, tmp_path: Path) -> None:
+        lines = recorded_lines("orin_jp6.log")
+        log = tmp_path / "tegrastats.log"
+        log.write_text(lines[0] + "\n" + lines[0] + "\n")
+        src = LogFileSource(log, interval_s=0.05)
+        try:
+            log.write_text(lines[1] + "\n")  # copytruncate: shorter than where we are
+            assert src.read(timeout=2).ram_used_mb == 2448
+            log.rename(tmp_path / "tegrastats.log.1")  # rotation: a new file takes the name
+            (tmp_path / "tegrastats.log").write_text(lines[2] + "\n")
+            assert src.read(timeout=2).ram_used_mb == 4321
+            assert src.get_status()["reopened"] == 2
+        finally:
+            src.close()
+
+    def test_missing_file_is_one_clear_error(self, tmp_path: Path) -> None:
+        with pytest.raises(TelemetryError, match="cannot read telemetry log .*missing.log"):
+            LogFileSource(tmp_path / "missing.log")
+        with pytest.raises(TelemetryError, match="does not exist.*tegrastats --logfile"):
+            check_spec(f"logfile:{tmp_path / 'missing.log'}")
 
 
 class TestSimulatedBoard:

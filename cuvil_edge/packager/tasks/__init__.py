@@ -18,7 +18,15 @@ from typing import Any
 import numpy as np
 
 from cuvil_edge.errors import RecipeError
-from cuvil_edge.packager.tasks import classification, ctc, detection, embedding, segmentation, stream
+from cuvil_edge.packager.tasks import (
+    classification,
+    ctc,
+    detection,
+    embedding,
+    keypoints,
+    segmentation,
+    stream,
+)
 from cuvil_edge.packager.tasks._common import Outputs, output_figures
 from cuvil_edge.recipes import TASK_KINDS, AccuracyGoal
 
@@ -44,6 +52,7 @@ TASKS: dict[str, Task] = {
     "segmentation": Task("segmentation", segmentation.metrics, segmentation.GOALS, segmentation.METRICS),
     "ctc": Task("ctc", ctc.metrics, ctc.GOALS, ctc.METRICS),
     "stream": Task("stream", stream.metrics, stream.GOALS, stream.METRICS),
+    "keypoints": Task("keypoints", keypoints.metrics, keypoints.GOALS, keypoints.METRICS),
     "embedding": Task("embedding", embedding.metrics, embedding.GOALS, embedding.METRICS),
     "regression": Task("regression", embedding.metrics, embedding.GOALS, embedding.METRICS),
 }
@@ -69,6 +78,8 @@ GOAL_METRICS: dict[str, tuple[str, int]] = {
     "min_sequence_agreement": ("sequence_agreement", 1),
     "max_char_error_rate": ("char_error_rate", -1),
     "min_decision_agreement": ("decision_agreement", 1),
+    "min_pck": ("pck", 1),
+    "max_keypoint_error": ("keypoint_error", -1),
 }
 assert set(GOAL_METRICS) == set(AccuracyGoal.__dataclass_fields__), "every goal field has a metric"
 _EVERY_OUTPUT = ("cosine", "mae", "relative_error")
@@ -205,7 +216,8 @@ def search_error(metrics: dict[str, Any]) -> float:
     """One figure to rank and budget quantization choices by, from the task's own metrics.
 
     Classifiers: mean KL. Others: the task's shortfall (1 - F1 of detections, 1 - mask IoU, the
-    character error rate, 1 - decision agreement) plus the worst output's 1 - cosine, so a choice
+    character error rate, 1 - decision agreement, 1 - PCK of keypoints) plus the worst output's
+    1 - cosine, so a choice
     that breaks the job ranks first even when cosine barely moves.
     """
     if metrics.get("mean_kl") is not None:
@@ -214,7 +226,7 @@ def search_error(metrics: dict[str, Any]) -> float:
     if metrics.get("recall") is not None:
         r, p = float(metrics["recall"]), float(metrics["precision"])
         err += 1.0 - (2 * r * p / (r + p) if r + p else 0.0)
-    for key, sign in (("mask_iou", 1), ("char_error_rate", -1), ("decision_agreement", 1)):
-        if key in metrics:
+    for key, sign in (("mask_iou", 1), ("char_error_rate", -1), ("decision_agreement", 1), ("pck", 1)):
+        if metrics.get(key) is not None:
             err += (1.0 - float(metrics[key])) if sign > 0 else float(metrics[key])
     return err

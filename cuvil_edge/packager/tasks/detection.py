@@ -14,6 +14,10 @@ Heads (``recipes.DETECTION_HEADS``):
 - ``centernet``: heatmap, scale and offset maps at ``stride`` (4), optional keypoint offsets, decoded
   as CenterFace's authors do (``exp(scale) * stride`` sizes, ``(cell + offset + 0.5) * stride`` centres).
 - ``nms``: NMS inside the model, ``[N, K, 6]`` rows of x1, y1, x2, y2, score, class.
+- ``yolox``: YOLOX's raw ``[N, A, 5+C]`` (decode not exported into the graph): per grid cell at
+  ``strides`` (8, 16, 32) centre offsets and log sizes, decoded as YOLOX's ``demo_postprocess``
+  (``(xy + cell) * stride``, ``exp(wh) * stride``), objectness times class scores. The input side is
+  recovered from ``A`` (a square input: ``A = sum((side / s) ** 2)``).
 """
 
 from __future__ import annotations
@@ -85,6 +89,33 @@ def _yolo(raw: np.ndarray, post: dict[str, Any]) -> list[Detections]:
     return out
 
 
+def _yolox_grid(anchors: int, strides: list[int]) -> tuple[np.ndarray, np.ndarray]:
+    """Cell coordinates ``[A, 2]`` and strides ``[A, 1]`` of a square input, as YOLOX lays them out."""
+    per_pixel = sum(1.0 / (s * s) for s in strides)
+    side = int(round(np.sqrt(anchors / per_pixel)))
+    cells, scales = [], []
+    for s in strides:
+        n = side // s
+        xv, yv = np.meshgrid(np.arange(n), np.arange(n))
+        cells.append(np.stack([xv, yv], -1).reshape(-1, 2))
+        scales.append(np.full((n * n, 1), float(s)))
+    grid, stride = np.concatenate(cells), np.concatenate(scales)
+    if len(grid) != anchors:
+        raise AccuracyError(f"a yolox head's {anchors} rows are not the cells of a square input at strides {strides}")
+    return grid.astype(np.float64), stride
+
+
+def _yolox(raw: np.ndarray, post: dict[str, Any]) -> list[Detections]:
+    if raw.ndim != 3 or raw.shape[2] < 6:
+        raise AccuracyError(f"a yolox detection head needs one [N, A, 5+C] output, got {list(raw.shape)}")
+    grid, stride = _yolox_grid(raw.shape[1], list(post.get("strides", [8, 16, 32])))
+    boxes = raw.astype(np.float64).copy()
+    boxes[..., :2] = (boxes[..., :2] + grid) * stride
+    # Clipped: a broken model's log-sizes must not overflow (it then simply matches nothing).
+    boxes[..., 2:4] = np.exp(np.clip(boxes[..., 2:4], -30, 30)) * stride
+    return _yolo(boxes, {**post, "objectness": True, "box_format": "cxcywh"})
+
+
 def _centernet_maps(outputs: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]:
     """Heatmap, scale, offset and keypoint maps, told apart by channel count in the authors' order."""
     maps = [o for o in outputs if o.ndim == 4]
@@ -146,6 +177,8 @@ def decode(outputs: Outputs, post: dict[str, Any]) -> list[Detections]:
             found += _centernet(arrays, post)
         elif head == "nms":
             found += _nms_inside(arrays[0], post)
+        elif head == "yolox":
+            found += _yolox(arrays[0], post)
         else:
             found += _yolo(arrays[0], post)
     return found
@@ -221,12 +254,27 @@ def _scores_like(values: Outputs | None) -> bool:
     return bool(scores.size) and float(scores.min()) >= 0.0 and float(scores.max()) <= 1.0 + 1e-6
 
 
+def _raw_yolox(anchors: int, values: Outputs | None) -> bool:
+    """``[N, A, 5+C]`` whose rows are a square input's cells at strides 8/16/32 and whose size columns
+    go negative (log sizes: decoded widths never do): YOLOX without its decode in the graph."""
+    if values is None:
+        return False
+    try:
+        _yolox_grid(anchors, [8, 16, 32])
+    except AccuracyError:
+        return False
+    raw = as_samples(next(iter(values.values())))[0][0]
+    return bool(float(raw[:, 2:4].min()) < 0.0 and float(raw[:, 4:].min()) >= 0.0 and float(raw[:, 4:].max()) <= 1.0)
+
+
 def infer(shapes: dict[str, tuple[int, ...]], values: Outputs | None) -> dict[str, Any] | None:
     """A detection head recognised from the outputs' shapes (as run on the evaluation data).
 
     Three or four ``[N, C, h, w]`` maps of one size with C = 1 first, then 2 and 2 (then an even
     count of keypoint offsets): CenterNet. One ``[N, a, b]`` with a small side of 5 to 300 and a long
-    side at least eight times longer, scores in 0..1 after the four box columns: a YOLO head. One ``[N, K, 6|7]`` with K at most 300: NMS inside.
+    side at least eight times longer, scores in 0..1 after the four box columns: a YOLO head (YOLOX's
+    raw grid when the rows are a square input's cells and the size columns are log sizes). One
+    ``[N, K, 6|7]`` with K at most 300: NMS inside.
     """
     dims = [_dims(s) for s in shapes.values()]
     maps = [d for d in dims if len(d) == 4]
@@ -240,6 +288,9 @@ def infer(shapes: dict[str, tuple[int, ...]], values: Outputs | None) -> dict[st
             return {"kind": "detection", "head": "nms", "box_format": "xyxy", "score_threshold": 0.25,
                     "iou_threshold": 0.45, "class_agnostic": False, "max_detections": 300}
         small, large = min(a, b), max(a, b)
+        if 6 <= b < a and _raw_yolox(a, values):
+            return {"kind": "detection", "head": "yolox", "box_format": "cxcywh", "score_threshold": 0.25,
+                    "iou_threshold": 0.45, "class_agnostic": False, "max_detections": 100, "strides": [8, 16, 32]}
         if 5 <= small <= 300 and large >= 8 * small and _scores_like(values):
             return {"kind": "detection", "head": "yolo", "box_format": "cxcywh", "score_threshold": 0.25,
                     "iou_threshold": 0.45, "class_agnostic": False, "max_detections": 100}
