@@ -22,6 +22,7 @@ from __future__ import annotations
 import functools
 import json
 import re
+import shlex
 import subprocess
 import sys
 import threading
@@ -796,15 +797,25 @@ def _store_json(ctx: SuiteContext, *args: str) -> dict[str, Any]:
     return dict(json.loads(lines[-1]))
 
 
+SUDO_KEEP_PAUSE = "/etc/sudoers.d/90-cuvil-hil-pause"
+
+
 def _prepare_cuts(ctx: SuiteContext) -> None:
-    """Once per boot: the pause hook's variable for the rig's root sessions (root's SSH or, as here,
-    the login user's ``sudo``: pam_env in sshd's and sudo's PAM stacks reads /etc/environment), so
-    only the deploy step of this rig's sessions can pause; the daemon's unit never sees it."""
+    """Once per boot: the pause hook's variable for the rig's root sessions, so only the deploy step
+    of this rig's sessions can pause and the daemon's unit never sees it. The login's sessions get
+    it from /etc/environment (pam_env in sshd's PAM stack); ``sudo`` resets the environment, so a
+    sudoers drop-in keeps this one variable (``env_keep``) for the root steps run through it."""
     ctx.board.ssh(f"grep -q CUVIL_EDGE_TEST_PAUSE_DIR /etc/environment || "
                   f"echo CUVIL_EDGE_TEST_PAUSE_DIR={PAUSE_DIR} >> /etc/environment; mkdir -p {PAUSE_DIR}")
+    if ctx.board.user != "root":
+        keep = 'Defaults env_keep += "CUVIL_EDGE_TEST_PAUSE_DIR"\n'
+        ctx.board.ssh(f"test -e {SUDO_KEEP_PAUSE} || {{ printf '%s' {shlex.quote(keep)} > {SUDO_KEEP_PAUSE}.tmp && "
+                      f"chmod 0440 {SUDO_KEEP_PAUSE}.tmp && visudo -cqf {SUDO_KEEP_PAUSE}.tmp && "
+                      f"mv {SUDO_KEEP_PAUSE}.tmp {SUDO_KEEP_PAUSE}; }}")
     seen = ctx.board.ssh("echo $CUVIL_EDGE_TEST_PAUSE_DIR").stdout.strip()
-    _expect(seen == PAUSE_DIR, f"root's sessions (sudo) do not get the pause hook's variable from /etc/environment "
-                               f"(got {seen!r}): the cuts could not land at their points")
+    _expect(seen == PAUSE_DIR, f"root's sessions (sudo) do not get the pause hook's variable "
+                               f"(/etc/environment, {SUDO_KEEP_PAUSE}; got {seen!r}): the cuts could not land "
+                               f"at their points")
 
 
 def _wait_board(ctx: SuiteContext, test: str, timeout: float, what: str, proc: subprocess.Popen[str] | None) -> None:
