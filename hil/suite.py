@@ -806,12 +806,16 @@ def _prepare_cuts(ctx: SuiteContext) -> None:
     it from /etc/environment (pam_env in sshd's PAM stack); ``sudo`` resets the environment, so a
     sudoers drop-in keeps this one variable (``env_keep``) for the root steps run through it."""
     ctx.board.ssh(f"grep -q CUVIL_EDGE_TEST_PAUSE_DIR /etc/environment || "
-                  f"echo CUVIL_EDGE_TEST_PAUSE_DIR={PAUSE_DIR} >> /etc/environment; mkdir -p {PAUSE_DIR}")
+                  f"{{ echo CUVIL_EDGE_TEST_PAUSE_DIR={PAUSE_DIR} >> /etc/environment; sync /etc/environment; }}; "
+                  f"mkdir -p {PAUSE_DIR}")
     if ctx.board.user != "root":
         keep = 'Defaults env_keep += "CUVIL_EDGE_TEST_PAUSE_DIR"\n'
-        ctx.board.ssh(f"test -e {SUDO_KEEP_PAUSE} || {{ printf '%s' {shlex.quote(keep)} > {SUDO_KEEP_PAUSE}.tmp && "
-                      f"chmod 0440 {SUDO_KEEP_PAUSE}.tmp && visudo -cqf {SUDO_KEEP_PAUSE}.tmp && "
-                      f"mv {SUDO_KEEP_PAUSE}.tmp {SUDO_KEEP_PAUSE}; }}")
+        # Checked by content, written durably: a power cut right after the first write leaves an
+        # empty file behind, which sudo reads as no rule at all.
+        ctx.board.ssh(f"grep -qs CUVIL_EDGE_TEST_PAUSE_DIR {SUDO_KEEP_PAUSE} || {{ printf '%s' {shlex.quote(keep)} "
+                      f"> {SUDO_KEEP_PAUSE}.tmp && chmod 0440 {SUDO_KEEP_PAUSE}.tmp && visudo -cqf "
+                      f"{SUDO_KEEP_PAUSE}.tmp && sync {SUDO_KEEP_PAUSE}.tmp && mv {SUDO_KEEP_PAUSE}.tmp "
+                      f"{SUDO_KEEP_PAUSE} && sync /etc/sudoers.d; }}")
     seen = ctx.board.ssh("echo $CUVIL_EDGE_TEST_PAUSE_DIR").stdout.strip()
     _expect(seen == PAUSE_DIR, f"root's sessions (sudo) do not get the pause hook's variable "
                                f"(/etc/environment, {SUDO_KEEP_PAUSE}; got {seen!r}): the cuts could not land "
