@@ -8,7 +8,12 @@ stock gRPC client calls ``ServerLive`` and an authenticated ``ModelInfer`` once 
 figures: streams sent, the daemon's CPU seconds and peak RSS growth over the attack, the health
 and inference latencies seen by the other client (p50/p99, failures), and whether the server sent
 GOAWAY (grpcio's chttp2 transport has no per-connection reset budget: it refuses streams over
-``grpc.max_concurrent_streams`` and sends a PING on 1 % of resets; see docs/hardening.md).
+``grpc.max_concurrent_streams`` and tarpits; the daemon makes it PING on every reset and close a
+connection that does not answer; see docs/hardening.md).
+
+``--answer-pings`` makes the flood client speak HTTP/2 back: it acknowledges every PING (and
+SETTINGS) the server sends, as a real HTTP/2 stack would, so the PING deadline never closes it and
+the figures show the bound that holds for such a client.
 """
 
 from __future__ import annotations
@@ -48,6 +53,7 @@ def main() -> int:
     ap.add_argument("--seconds", type=float, default=15.0)
     ap.add_argument("--out", type=Path)
     ap.add_argument("--daemon-args", default="", help="more cuvil-edged options, e.g. '--request-timeout 5'")
+    ap.add_argument("--answer-pings", action="store_true", help="the flood client acknowledges PINGs and SETTINGS")
     args = ap.parse_args()
     import grpc
     import tritonclient.grpc as grpcclient
@@ -103,6 +109,7 @@ def main() -> int:
         cpu0, rss0 = _proc_stat(daemon.pid)
         peak = [rss0]
         sent = 0
+        acks = 0
         kinds: dict[int, int] = {}
         sock = h2raw.connect(address)
         sock.setblocking(False)
@@ -135,10 +142,26 @@ def main() -> int:
                     break
                 buf += chunk
             i = 0
+            replies = bytearray()
             while i + 9 <= len(buf) and i + 9 + int.from_bytes(buf[i:i + 3], "big") <= len(buf):
-                kinds[buf[i + 3]] = kinds.get(buf[i + 3], 0) + 1
-                i += 9 + int.from_bytes(buf[i:i + 3], "big")
+                length, kind, flags = int.from_bytes(buf[i:i + 3], "big"), buf[i + 3], buf[i + 4]
+                kinds[kind] = kinds.get(kind, 0) + 1
+                if args.answer_pings and not flags & h2raw.ACK:
+                    if kind == h2raw.PING:
+                        replies += h2raw.frame(h2raw.PING, h2raw.ACK, 0, bytes(buf[i + 9:i + 9 + length]))
+                    elif kind == h2raw.SETTINGS and kinds[kind] > 1:  # h2raw.connect acked the first
+                        replies += h2raw.frame(h2raw.SETTINGS, h2raw.ACK, 0)
+                i += 9 + length
             del buf[:i]
+            if replies:
+                try:
+                    sock.setblocking(True)
+                    sock.sendall(bytes(replies))
+                    acks += 1
+                except (BrokenPipeError, ConnectionResetError):
+                    closed = True
+                finally:
+                    sock.setblocking(False)
             peak[0] = max(peak[0], _proc_stat(daemon.pid)[1])
             if sid > 0x7FFFFF00:
                 break
@@ -155,6 +178,7 @@ def main() -> int:
 
         result = {
             "attack_seconds": round(elapsed, 1), "streams_sent": sent, "streams_per_s": round(sent / elapsed),
+            "client_answers_pings": args.answer_pings, "ack_batches_sent": acks,
             "connection_closed_by_server": closed, "goaway": kinds.get(7, 0) > 0,
             "frames_from_server": {names.get(k, str(k)): n for k, n in sorted(kinds.items())},
             "daemon_cpu_s": round(cpu1 - cpu0, 2), "daemon_rss_growth_mb": round((peak[0] - rss0) / 2**20, 1),

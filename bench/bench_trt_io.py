@@ -12,6 +12,18 @@ request through that path (median and p90 over repeated calls), beside the peer 
 user would write (``cuda.to_device`` / ``memcpy_dtoh`` from pageable memory, synchronous).
 
     python bench/bench_trt_io.py --name trt_io_h200     # needs a GPU, CUDA and pycuda
+
+``--compare-bindings`` measures the same I/O path with the two Python CUDA bindings the ``jetson``
+extra could carry, to decide between them: pycuda (``PyCudaOps``, what the runtime uses) and
+NVIDIA's cuda-python (``cuda.bindings.runtime``, what TensorRT 10's samples use), through
+:class:`CudaPythonOps` below, a candidate implementation of the same ``DeviceOps`` protocol. Both
+run in CUDA's primary context and the stand-in kernel is launched by CuPy on the slot's stream,
+so only the binding differs. Measured per binding: pinned and pageable host<->device copies with
+the stream sync, an idle stream sync (the per-call cost), a pinned allocation and its free, the
+whole ``run_slot`` path per placement, whether ``synchronize`` releases the GIL (a Python thread
+counts while the stream waits on a 20 ms kernel), and the import time in a fresh interpreter.
+
+    python bench/bench_trt_io.py --compare-bindings --name cuda_binding_h200   # GPU, pycuda, cuda-python, CuPy
 """
 
 from __future__ import annotations
@@ -67,6 +79,252 @@ class KernelContext:
         return True
 
 
+class CudaPythonOps:
+    """``DeviceOps`` with NVIDIA's cuda-python (``cuda.bindings.runtime``): the candidate the binding
+    comparison measures against ``PyCudaOps`` (bench only; the runtime uses pycuda)."""
+
+    def __init__(self):
+        import weakref
+
+        from cuda.bindings import runtime as rt
+
+        self.rt, self._finalize = rt, weakref.finalize
+        self._host = {}  # base address -> (nbytes, device pointer or None)
+        self._ck(rt.cudaFree(0))  # the runtime binds the primary context
+
+    def _ck(self, res):
+        err = res[0] if isinstance(res, tuple) else res
+        if int(err) != 0:
+            raise RuntimeError(f"cuda-python: {err}")
+        return res[1] if isinstance(res, tuple) and len(res) > 1 else None
+
+    def alloc_host(self, shape, dtype, mapped):
+        import ctypes
+
+        rt = self.rt
+        count = int(np.prod(shape, dtype=np.int64))
+        n = max(1, count * np.dtype(dtype).itemsize)
+        ptr = int(self._ck(rt.cudaHostAlloc(n, rt.cudaHostAllocMapped if mapped else rt.cudaHostAllocDefault)))
+        dev = int(self._ck(rt.cudaHostGetDevicePointer(ptr, 0))) if mapped else None
+        buf = (ctypes.c_char * n).from_address(ptr)
+        self._host[ptr] = (n, dev)
+        self._finalize(buf, self._free_host, ptr)
+        return np.frombuffer(buf, dtype=dtype, count=count).reshape(shape)
+
+    def _free_host(self, ptr):
+        self._host.pop(ptr, None)
+        self.rt.cudaFreeHost(ptr)
+
+    def _root(self, arr):
+        addr = arr.ctypes.data
+        for base, (n, dev) in self._host.items():
+            if base <= addr < base + n:
+                return base, dev
+        return None
+
+    def device_alias(self, host):
+        return self.pagelocked_alias(host)
+
+    def pagelocked_alias(self, arr):
+        root = self._root(arr)
+        if root is None or root[1] is None:
+            return None
+        return root[1] + (arr.ctypes.data - root[0])
+
+    def is_pagelocked(self, arr):
+        return self._root(arr) is not None
+
+    def alloc_device(self, nbytes):
+        return int(self._ck(self.rt.cudaMalloc(max(1, int(nbytes)))))
+
+    def free_device(self, ptr):
+        self._ck(self.rt.cudaFree(ptr))
+
+    def htod_async(self, dst, src, stream):
+        self._ck(self.rt.cudaMemcpyAsync(dst, src.ctypes.data, src.nbytes,
+                                         self.rt.cudaMemcpyKind.cudaMemcpyHostToDevice, stream))
+
+    def dtoh_async(self, dst, src, stream):
+        self._ck(self.rt.cudaMemcpyAsync(dst.ctypes.data, src, dst.nbytes,
+                                         self.rt.cudaMemcpyKind.cudaMemcpyDeviceToHost, stream))
+
+    def new_stream(self):
+        return self._ck(self.rt.cudaStreamCreate())
+
+    def stream_handle(self, stream):
+        return int(stream)
+
+    def synchronize(self, stream):
+        self._ck(self.rt.cudaStreamSynchronize(stream))
+
+
+SLEEP_KERNEL = """
+extern "C" __global__ void spin(long long cycles) {
+    long long t0 = clock64();
+    while (clock64() - t0 < cycles) {}
+}
+"""
+
+
+class CupyKernelContext(KernelContext):
+    """:class:`KernelContext` whose ``y = 2 x`` is a CuPy kernel on the slot's stream (either binding)."""
+
+    def __init__(self, kernel, ops, stream):
+        super().__init__(kernel, stream)
+        self.ops = ops
+
+    def execute_async_v3(self, handle):
+        import cupy
+
+        assert handle == self.ops.stream_handle(self.stream)
+        n = int(np.prod(self.shapes["x"]))
+        with cupy.cuda.ExternalStream(handle):
+            self.func((min(4096, (n + 255) // 256),), (256,), (np.uintp(self.addr["x"]), np.uintp(self.addr["y"]),
+                                                              np.int64(n)))
+        return True
+
+
+def _binding_case(name, ops, reps, rng):
+    """One binding's figures (see the module docstring)."""
+    import subprocess
+    import threading
+
+    import cupy
+
+    from cuvil_edge.runtime.buffers import Placement
+    from cuvil_edge.runtime.trt import IOSlot, ScratchArena, TensorBinding, run_slot
+
+    kernel = cupy.RawKernel(KERNEL.replace("__global__", 'extern "C" __global__'), "scale2")
+    spin = cupy.RawKernel(SLEEP_KERNEL, "spin")
+    out = {"binding": name, "copies": [], "run_slot": []}
+    stream = ops.new_stream()
+
+    def timed(fn, n=reps):
+        fn()
+        times = []
+        for _ in range(n):
+            t0 = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - t0) * 1e3)
+        return _stats(times)
+
+    for nbytes in (602112, 4816896):
+        count = nbytes // 4
+        pinned = ops.alloc_host((count,), np.dtype(np.float32), False)
+        pinned[...] = rng.standard_normal(count, dtype=np.float32)
+        pageable = np.array(pinned)
+        back = ops.alloc_host((count,), np.dtype(np.float32), False)
+        dev = ops.alloc_device(nbytes)
+
+        def htod(src=pinned, dev=dev):
+            ops.htod_async(dev, src, stream)
+            ops.synchronize(stream)
+
+        def dtoh(back=back, dev=dev):
+            ops.dtoh_async(back, dev, stream)
+            ops.synchronize(stream)
+
+        row = {"bytes": nbytes, "htod_pinned_sync": timed(htod), "htod_pageable_sync": timed(lambda p=pageable: htod(p)),
+               "dtoh_pinned_sync": timed(dtoh)}
+        row["roundtrip_correct"] = bool(np.array_equal(back, pinned))
+        row["htod_pinned_GBps"] = round(nbytes / row["htod_pinned_sync"]["median_ms"] / 1e6, 2)
+        row["dtoh_pinned_GBps"] = round(nbytes / row["dtoh_pinned_sync"]["median_ms"] / 1e6, 2)
+        ops.free_device(dev)
+        out["copies"].append(row)
+    out["idle_stream_sync"] = timed(lambda: ops.synchronize(stream), reps * 5)
+    out["alloc_free_pinned_4.8MB"] = timed(lambda: ops.alloc_host((1204224,), np.dtype(np.float32), False), 50)
+
+    # GIL: a Python thread counts while the main thread waits on a 20 ms kernel.
+    rate = cupy.cuda.runtime.deviceGetAttribute(cupy.cuda.runtime.cudaDevAttrClockRate, 0) * 1000  # Hz
+    counted, stop = [0], threading.Event()
+
+    def count():
+        while not stop.is_set():
+            counted[0] += 1
+
+    handle = ops.stream_handle(stream)
+    with cupy.cuda.ExternalStream(handle):
+        spin((1,), (1,), (np.int64(rate * 0.02),))
+    ops.synchronize(stream)
+    t = threading.Thread(target=count)
+    t.start()
+    time.sleep(0.05)
+    c0 = counted[0]
+    t0 = time.perf_counter()
+    with cupy.cuda.ExternalStream(handle):
+        spin((1,), (1,), (np.int64(rate * 0.02),))
+    ops.synchronize(stream)
+    waited = time.perf_counter() - t0
+    during = counted[0] - c0
+    time.sleep(waited)
+    free_rate = (counted[0] - c0 - during) / waited
+    stop.set()
+    t.join()
+    out["gil_during_sync"] = {"wait_ms": round(waited * 1e3, 2), "counter_increments": during,
+                              "free_running_increments_same_span": round(free_rate * waited),
+                              "releases_gil": bool(during > 0.2 * free_rate * waited)}
+
+    arena = ScratchArena(ops, slots=2)
+    arena.register("bench", 8 << 20)
+    for batch in (1, 8):
+        shape = (batch, 3, 224, 224)
+        x = rng.standard_normal(shape, dtype=np.float32)
+        bindings = [TensorBinding("x", np.dtype(np.float32), (8, 3, 224, 224), True),
+                    TensorBinding("y", np.dtype(np.float32), (8, 3, 224, 224), False)]
+        case = {"shape": list(shape)}
+        for placement in (Placement.MAPPED, Placement.PINNED):
+            slot = IOSlot(bindings, placement, ops)
+            ctx = CupyKernelContext(kernel, ops, slot.stream)
+            pooled = ops.alloc_host(shape, np.dtype(np.float32), placement == Placement.MAPPED)
+            pooled[...] = x
+            for feed_kind, feed in (("numpy", x), ("pool", pooled)):
+                got = run_slot(ctx, slot, {"x": feed}, arena, lambda c, p, n: c.set_device_memory(p, n))
+                ok = bool(np.array_equal(got["y"], 2 * x))
+                case[f"{placement}_{feed_kind}"] = {"correct": ok, **timed(
+                    lambda f=feed, c=ctx, s=slot: run_slot(c, s, {"x": f}, arena,
+                                                           lambda k, p, n: k.set_device_memory(p, n)))}
+            slot.release()
+        out["run_slot"].append(case)
+    mod = {"pycuda": "import pycuda.driver as d; d.init()", "cuda-python": "from cuda.bindings import runtime as r"}
+    code = f"import time; t=time.perf_counter(); {mod[name]}; print((time.perf_counter()-t)*1e3)"
+    imports = [float(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout)
+               for _ in range(5)]
+    out["import_ms_median_of_5"] = round(statistics.median(imports), 1)
+    return out
+
+
+def compare_bindings(args) -> int:
+    import cupy
+    import pycuda.driver as cuda
+
+    cuda.init()
+    primary = cuda.Device(0).retain_primary_context()
+    primary.push()  # pycuda in CUDA's primary context, where CuPy and cuda-python work too
+    try:
+        from cuda import bindings as cuda_bindings
+
+        from cuvil_edge.runtime.trt import PyCudaOps
+
+        rng = np.random.default_rng(0)
+        result = {"device": cuda.Device(0).name(), "cupy": cupy.__version__,
+                  "pycuda": getattr(__import__("pycuda"), "VERSION_TEXT", "?"),
+                  "cuda_python": getattr(cuda_bindings, "__version__", "?"), "python": sys.version.split()[0],
+                  "reps": args.reps, "command": f"python bench/bench_trt_io.py --compare-bindings --name {args.name}",
+                  "bindings": [_binding_case("pycuda", PyCudaOps(), args.reps, rng),
+                               _binding_case("cuda-python", CudaPythonOps(), args.reps, rng)]}
+    finally:
+        primary.pop()
+    args.out_dir.mkdir(parents=True, exist_ok=True)
+    out = args.out_dir / f"{args.name}.json"
+    tmp = out.with_suffix(".tmp")
+    tmp.write_text(json.dumps(result, indent=2) + "\n")
+    os.replace(tmp, out)
+    print(json.dumps(result, indent=2))
+    ok = all(r["roundtrip_correct"] for b in result["bindings"] for r in b["copies"]) and all(
+        v["correct"] for b in result["bindings"] for c in b["run_slot"] for k, v in c.items() if k != "shape")
+    return 0 if ok else 1
+
+
 def _stats(samples_ms):
     s = sorted(samples_ms)
     return {"median_ms": round(statistics.median(s), 4), "p90_ms": round(s[int(0.9 * (len(s) - 1))], 4)}
@@ -77,7 +335,10 @@ def main(argv=None) -> int:
     ap.add_argument("--name", default="trt_io")
     ap.add_argument("--out-dir", type=Path, default=HERE / "results")
     ap.add_argument("--reps", type=int, default=200)
+    ap.add_argument("--compare-bindings", action="store_true", help="pycuda against cuda-python (module docstring)")
     args = ap.parse_args(argv)
+    if args.compare_bindings:
+        return compare_bindings(args)
 
     import pycuda.autoinit  # noqa: F401 - creates and pushes the context
     import pycuda.driver as cuda

@@ -16,7 +16,11 @@ that does not come up within the target's ``boot_timeout`` raises :class:`BootEr
 serial console's last lines. Leaving the ``with`` block powers the VM off and deletes the
 overlay, unless ``keep=True``.
 
-The commands use the stock OpenSSH client (``ssh``/``scp``), exactly as a user would.
+The commands use the stock OpenSSH client (``ssh``/``scp``), exactly as a user would. As on a
+stock JetPack board, the emulated board refuses root over SSH: the rig logs in as the image's
+login user (``nvidia``, ``manifest.json``'s ``login_user``) and :meth:`Board.ssh` runs a line as
+root through ``sudo -n`` (``sudo=False`` runs it as the login user); :meth:`Board.put` stages a
+file in ``/tmp`` and moves it into place with sudo.
 """
 
 from __future__ import annotations
@@ -76,7 +80,7 @@ class Board:
         target (HilTarget): the target it was started from.
         host (str): SSH address. ``127.0.0.1`` for an emulated board.
         ssh_port (int): SSH port.
-        user (str): login user (root: the suite installs units).
+        user (str): login user; not root, root's steps run through ``sudo -n`` (:meth:`ssh`).
         key (Path | None): private key.
         known_hosts (Path | None): known_hosts holding the board's host key; None disables the check.
         forwards (dict[int, int]): guest port -> loopback port on this machine.
@@ -126,14 +130,17 @@ class Board:
         return opts
 
     def ssh(self, command: str | Sequence[str], check: bool = True, timeout: float = 300.0,
-            input: str | None = None) -> subprocess.CompletedProcess[str]:
-        """Runs ``command`` on the board (a shell line, or argv quoted for the remote shell).
+            input: str | None = None, sudo: bool = True) -> subprocess.CompletedProcess[str]:
+        """Runs ``command`` on the board (a shell line, or argv quoted for the remote shell), as root:
+        through ``sudo -n sh -c`` when the login user is not root, unless ``sudo=False``.
 
         Raises:
             BoardCommandError: non-zero exit with ``check`` (the default).
             HilError: the command did not finish within ``timeout`` seconds.
         """
         line = command if isinstance(command, str) else shlex.join(command)
+        if sudo and self.user != "root":
+            line = "sudo -n sh -c " + shlex.quote(line)
         argv = ["ssh", *self.ssh_options(), "-p", str(self.ssh_port), self.destination, line]
         try:
             res = subprocess.run(argv, input=input, capture_output=True, text=True, timeout=timeout,
@@ -145,8 +152,15 @@ class Board:
         return res
 
     def put(self, local: str | os.PathLike[str], remote: str, timeout: float = 300.0) -> None:
-        """Copies a local file (or folder) to ``remote`` on the board (scp)."""
-        self._scp([*(["-r"] if Path(local).is_dir() else []), str(local), f"{self.destination}:{remote}"], timeout)
+        """Copies a local file (or folder) to ``remote`` on the board (scp); outside ``/tmp`` as root
+        (staged in ``/tmp``, then moved with sudo) when the login user is not root."""
+        recursive = ["-r"] if Path(local).is_dir() else []
+        if self.user == "root" or remote.startswith("/tmp/"):
+            self._scp([*recursive, str(local), f"{self.destination}:{remote}"], timeout)
+            return
+        staged = f"/tmp/.cuvil-hil-put-{os.getpid()}-{Path(remote).name}"
+        self._scp([*recursive, str(local), f"{self.destination}:{staged}"], timeout)
+        self.ssh(f"chown -R root:root {shlex.quote(staged)} && mv -fT {shlex.quote(staged)} {shlex.quote(remote)}")
 
     def get(self, remote: str, local: str | os.PathLike[str], timeout: float = 300.0) -> None:
         """Copies ``remote`` from the board to a local path (scp)."""
@@ -354,7 +368,7 @@ def boot(target: str | HilTarget = "qemu-system", *, mem_mb: int | None = None, 
             board.close(keep=keep)
             if keep and board.proc is not None:
                 con.print(f"[bold]kept[/] the board running (pid {board.proc.pid}): ssh -i {image.key} "
-                          f"-o UserKnownHostsFile={board.known_hosts} -p {board.ssh_port} root@127.0.0.1; "
+                          f"-o UserKnownHostsFile={board.known_hosts} -p {board.ssh_port} {board.user}@127.0.0.1; "
                           f"folder {run_dir}")
         if own_dir and not keep:
             shutil.rmtree(run_dir, ignore_errors=True)
@@ -385,7 +399,7 @@ def _start_vm(image: BoardImage, tgt: HilTarget, mem: int, cpus: int, overlay: P
                                     stdout=subprocess.DEVNULL, stderr=err, start_new_session=True)
         time.sleep(0.5)
         if proc.poll() is None or proc.returncode == 0:
-            return Board(target=tgt, host="127.0.0.1", ssh_port=ssh_port, key=image.key,
+            return Board(target=tgt, host="127.0.0.1", ssh_port=ssh_port, key=image.key, user=image.login_user,
                          known_hosts=known_hosts if host_pub.is_file() else None,
                          forwards={g: h for g, h in fwd.items() if g != 22}, workdir=run_dir, image=image,
                          proc=proc)

@@ -55,6 +55,11 @@ class BoardImage:
     def manifest(self) -> dict[str, str]:
         return json.loads((self.dir / "manifest.json").read_text())
 
+    @property
+    def login_user(self) -> str:
+        """The user the rig logs in as (root SSH is refused on images that name one)."""
+        return str(self.manifest.get("login_user", "root"))
+
     def complete(self) -> bool:
         return all(p.is_file() for p in (self.disk, self.kernel, self.initrd, self.key, self.dir / "manifest.json"))
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 import functools
 import json
 import re
+import shlex
 import subprocess
 import sys
 import threading
@@ -207,12 +208,44 @@ def check_boot(ctx: SuiteContext) -> dict[str, Any]:
     return {**facts, "pid1": pid1, "boot_seconds": ctx.board.boot_seconds}
 
 
+PASSWORD_SUDO_USER = "jetson"  # the image's second user: in the sudo group, sudo asks for a password
+
+
+def check_login_user(ctx: SuiteContext) -> dict[str, Any]:
+    """As a stock JetPack board: root SSH is refused, the rig's login user is not root and reaches
+    root only through ``sudo -n``; a user whose sudo asks for a password gets one clear line from
+    ``cuvil-edge install-daemon`` (and the board is left untouched)."""
+    b = ctx.board
+    if not b.emulated:
+        raise CheckSkipped("the login rules are the emulated board's image (a real board has its own)")
+    _expect(b.user != "root", f"the rig logs in as {b.user!r}; the image must refuse root over SSH")
+    uid = b.ssh("id -u", sudo=False).stdout.strip()
+    _expect(uid not in ("", "0"), f"the login user {b.user} has uid {uid!r}")
+    root = subprocess.run(["ssh", *b.ssh_options(), "-p", str(b.ssh_port), f"root@{b.host}", "true"],
+                          capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+    _expect(root.returncode == 255 and "denied" in root.stderr.lower(),
+            f"root SSH was not refused (exit {root.returncode}): {root.stderr.strip()[-300:]}")
+    as_root = b.ssh("id -u").stdout.strip()
+    _expect(as_root == "0", f"sudo -n as {b.user} gave uid {as_root!r}")
+    args = ["--to", f"{PASSWORD_SUDO_USER}@{b.host}:{b.ssh_port}", *ctx.device_args()[2:]]
+    res = ctx.cli("install-daemon", *args, "--json", "--connect-timeout", "30", timeout=600)
+    out = json.loads(res.stdout) if res.stdout.lstrip().startswith("[") else []
+    reason = str(out[0].get("reason", "")) if out else ""
+    _expect(res.returncode != 0 and "sudo needs a password" in reason and "\n" not in reason,
+            f"install-daemon as {PASSWORD_SUDO_USER} (sudo asks a password) exited {res.returncode}: "
+            f"{(reason or res.stderr or res.stdout).strip()[-400:]}")
+    touched = b.ssh(f"test -e /etc/systemd/system/{UNIT} && echo yes || echo no").stdout.strip()
+    _expect(touched == "no", "the refused install-daemon left a unit on the board")
+    return {"login_user": b.user, "uid": uid, "root_ssh": root.stderr.strip()[-120:],
+            "password_sudo_user": PASSWORD_SUDO_USER, "install_daemon_says": reason}
+
+
 def check_install_project(ctx: SuiteContext) -> dict[str, Any]:
     """A wheel of the tree under test installs on the board with pip (no network)."""
     from hil.project import install_project
 
     version = install_project(ctx.board)
-    which = ctx.board.ssh("command -v cuvil-edged cuvil-edge").stdout.split()
+    which = ctx.board.ssh("command -v cuvil-edged; command -v cuvil-edge").stdout.split()
     _expect(which == ["/usr/local/bin/cuvil-edged", "/usr/local/bin/cuvil-edge"],
             f"console scripts not where the unit expects them: {which}")
     return {"version": version}
@@ -285,6 +318,8 @@ def check_install_daemon(ctx: SuiteContext) -> dict[str, Any]:
     entry = out[0] if isinstance(out, list) else (out.get("devices") or out.get("results") or [out])[0]
     _expect(entry.get("status") in ("installed", "unchanged"), f"install-daemon: {entry}")
     _expect(bool(entry.get("systemd_running")), f"install-daemon did not see systemd running: {entry}")
+    _expect(bool(entry.get("sudo")) == (ctx.board.user != "root"),
+            f"install-daemon as {ctx.board.user} reports sudo={entry.get('sudo')}")
     # Type=notify: active/running only after the daemon's READY=1 reached systemd.
     state = ctx.wait_unit("active", "running", timeout=300)
     ready_s = round(time.monotonic() - t0, 1)
@@ -308,7 +343,8 @@ def check_install_daemon(ctx: SuiteContext) -> dict[str, Any]:
         # install-daemon adds jtop (a drop-in) because this board has the group.
         missing = {"video", "render", "jtop"} - set(groups)
         _expect(not missing, f"the daemon runs without group(s) {sorted(missing)} (it has {groups})")
-    return {"install": entry.get("status"), "state": f"{state['ActiveState']}/{state['SubState']}",
+    return {"install": entry.get("status"), "as": ctx.board.user, "sudo": entry.get("sudo"),
+            "state": f"{state['ActiveState']}/{state['SubState']}",
             "status_text": state.get("StatusText"), "ready_seconds": ready_s, "enabled": enabled, "groups": groups}
 
 
@@ -761,15 +797,29 @@ def _store_json(ctx: SuiteContext, *args: str) -> dict[str, Any]:
     return dict(json.loads(lines[-1]))
 
 
+SUDO_KEEP_PAUSE = "/etc/sudoers.d/90-cuvil-hil-pause"
+
+
 def _prepare_cuts(ctx: SuiteContext) -> None:
-    """Once per boot: the pause hook's variable for root's SSH sessions (pam_env reads
-    /etc/environment), so only the deploy step of this rig's sessions can pause; the daemon's unit
-    never sees it."""
+    """Once per boot: the pause hook's variable for the rig's root sessions, so only the deploy step
+    of this rig's sessions can pause and the daemon's unit never sees it. The login's sessions get
+    it from /etc/environment (pam_env in sshd's PAM stack); ``sudo`` resets the environment, so a
+    sudoers drop-in keeps this one variable (``env_keep``) for the root steps run through it."""
     ctx.board.ssh(f"grep -q CUVIL_EDGE_TEST_PAUSE_DIR /etc/environment || "
-                  f"echo CUVIL_EDGE_TEST_PAUSE_DIR={PAUSE_DIR} >> /etc/environment; mkdir -p {PAUSE_DIR}")
+                  f"{{ echo CUVIL_EDGE_TEST_PAUSE_DIR={PAUSE_DIR} >> /etc/environment; sync /etc/environment; }}; "
+                  f"mkdir -p {PAUSE_DIR}")
+    if ctx.board.user != "root":
+        keep = 'Defaults env_keep += "CUVIL_EDGE_TEST_PAUSE_DIR"\n'
+        # Checked by content, written durably: a power cut right after the first write leaves an
+        # empty file behind, which sudo reads as no rule at all.
+        ctx.board.ssh(f"grep -qs CUVIL_EDGE_TEST_PAUSE_DIR {SUDO_KEEP_PAUSE} || {{ printf '%s' {shlex.quote(keep)} "
+                      f"> {SUDO_KEEP_PAUSE}.tmp && chmod 0440 {SUDO_KEEP_PAUSE}.tmp && visudo -cqf "
+                      f"{SUDO_KEEP_PAUSE}.tmp && sync {SUDO_KEEP_PAUSE}.tmp && mv {SUDO_KEEP_PAUSE}.tmp "
+                      f"{SUDO_KEEP_PAUSE} && sync /etc/sudoers.d; }}")
     seen = ctx.board.ssh("echo $CUVIL_EDGE_TEST_PAUSE_DIR").stdout.strip()
-    _expect(seen == PAUSE_DIR, f"root's SSH sessions do not get the pause hook's variable from /etc/environment "
-                               f"(got {seen!r}): the cuts could not land at their points")
+    _expect(seen == PAUSE_DIR, f"root's sessions (sudo) do not get the pause hook's variable "
+                               f"(/etc/environment, {SUDO_KEEP_PAUSE}; got {seen!r}): the cuts could not land "
+                               f"at their points")
 
 
 def _wait_board(ctx: SuiteContext, test: str, timeout: float, what: str, proc: subprocess.Popen[str] | None) -> None:
@@ -896,6 +946,7 @@ class Check:
 
 CHECKS: tuple[Check, ...] = (
     Check("boot", check_boot, True),
+    Check("login_sudo_user", check_login_user, True),
     Check("install_project", check_install_project, True),
     Check("kernels_isa", check_kernels, True),
     Check("install_daemon_ready", check_install_daemon, True),

@@ -19,15 +19,19 @@ same HTTP/2 frames) so that:
 * the first request message must arrive within ``--request-timeout`` (a half-open stream ends
   with ``DEADLINE_EXCEEDED``) and is counted in ``--max-buffered-mb`` before it is parsed;
 * an answer larger than an HTTP/2 window (64 KiB) is counted in ``--max-buffered-mb`` until the
-  client has taken it, must be taken within ``--request-timeout`` (else the call is cancelled
-  and its memory freed), and a full budget answers ``RESOURCE_EXHAUSTED`` instead of queueing.
+  client has taken it, twice (``ANSWER_COPIES``: the serialized bytes stay referenced by
+  grpcio's send operation while its transport holds a copy of them), must be taken within
+  ``--request-timeout`` (else the call is cancelled and its memory freed), and a full budget
+  answers ``RESOURCE_EXHAUSTED`` instead of queueing; once such a call ends without its answer
+  taken, the heap is trimmed at the next tick (freed answers of a few MiB stay in glibc's
+  arenas otherwise: 478 MiB of 60 unread 4 MiB answers stayed resident after the client left).
 
-What grpcio does not let the daemon do, and the bound that holds instead, is in docs/hardening.md:
-a per-method receive limit (the channel-wide ``--grpc-max-message-mb`` applies to every method
-but the health ones, which read nothing), resetting one stream or closing one connection from a
-handler (an answer not taken stays counted until the client reads or leaves), and a reset budget
-(the server options answer every reset with a PING and close, with GOAWAY, a connection that
-does not answer it within ``--request-timeout``).
+What grpcio (1.85) does not let the daemon do, and the bound that holds instead, is in
+docs/hardening.md with the C-core functions it rests on: count a message before grpcio has
+assembled it (the length prefix is checked against ``--grpc-max-message-mb`` before a byte is
+kept, and one message per call is read at a time), close one connection from a handler, and a
+reset budget (the server options answer every reset with a PING and close, with GOAWAY, a
+connection that does not answer it within ``--request-timeout``).
 """
 
 from __future__ import annotations
@@ -35,7 +39,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator, Callable
-from typing import Any
+from typing import Any, NoReturn
 
 import grpc
 
@@ -43,7 +47,14 @@ from cuvil_edge.daemon.limits import ANSWER_WINDOW as WINDOW
 from cuvil_edge.daemon.limits import ANSWERS_FULL, answer_bytes
 from cuvil_edge.errors import DaemonError
 
-__all__ = ["BUFFERED_FULL", "CallGate", "GuardedHandlers", "WINDOW"]
+# What one gRPC answer costs the daemon at its peak, in answer sizes: while it is built, the
+# runtime's output, the response message and its serialized bytes; while it waits for the client,
+# the serialized bytes (grpcio's send operation keeps a reference until the message is written
+# out) and grpcio's own copy in its transport. Measured: 60 unread 4 MiB answers counted once
+# (240 MiB of 256) grew the daemon by 634 MiB; counted twice (32 admitted), by 330 MiB.
+ANSWER_COPIES = 3
+
+__all__ = ["ANSWER_COPIES", "BUFFERED_FULL", "CallGate", "GuardedHandlers", "WINDOW"]
 
 log = logging.getLogger("cuvil_edge.daemon.grpc")
 
@@ -124,8 +135,8 @@ class GuardedHandlers:
                 request = await self._parse(name, context, raw, parse)
                 # An inference answer is counted before it is computed, from the model's output
                 # sizes, so that answers nobody reads cannot pile up past --max-buffered-mb.
-                expected = self._expected_answer(request)
-                if expected and not self.state.reserve(expected):
+                expected = self.expected_answer(request)
+                if expected and not self.reserve(expected):
                     await self._refuse_buffered(name, context, ANSWERS_FULL)
                 held = [expected]
                 try:
@@ -158,7 +169,7 @@ class GuardedHandlers:
                     async for answer in answers:
                         held = [0]
                         try:
-                            await self._write(name, context, serialize(answer), held)
+                            await self._write(name, context, serialize(answer), held, exists=True)
                         finally:
                             self.state.release(held[0])
                 finally:
@@ -195,11 +206,15 @@ class GuardedHandlers:
                 raw = await context.read()
             else:
                 raw = await asyncio.wait_for(context.read(), timeout)
+        except asyncio.CancelledError:
+            raise
         except asyncio.TimeoutError:
             await self._end(name, context, _Refused(
                 grpc.StatusCode.DEADLINE_EXCEEDED,
                 f"the request message did not arrive within {timeout:g} s (--request-timeout)"))
             return None
+        except Exception as exc:  # noqa: BLE001 - the client left mid-read
+            self._gone(name, exc)
         if raw is grpc.aio.EOF:
             return None
         return raw  # type: ignore[no-any-return,unused-ignore]
@@ -217,12 +232,28 @@ class GuardedHandlers:
 
     def _dropped(self, size: int) -> None:
         self.state.release(size)
+        self._trim()
+
+    def _trim(self) -> None:
+        """An answer was dropped untaken: have the heap trimmed at the next tick."""
         dropped = getattr(self.state, "dropped_slow_client", None)
         if dropped is not None:
             dropped()
 
-    def _expected_answer(self, request: Any) -> int:
-        """Bytes a ``ModelInferRequest`` will be answered with, from the model's specs (0: unknown)."""
+    def reserve(self, n: int) -> bool:
+        """Count ``n`` bytes in ``--max-buffered-mb`` unless that passes it; when nothing else is
+        counted, ``n`` passes anyway, so a model whose one answer costs more than the budget is
+        still served, one call at a time."""
+        if self.state.reserve(n):
+            return True
+        if self.state.buffered == 0:
+            self.state.hold(n)
+            return True
+        return False
+
+    def expected_answer(self, request: Any) -> int:
+        """What a ``ModelInferRequest``'s answer will cost until taken: ``ANSWER_COPIES`` times its
+        outputs' bytes, from the model's specs (0: unknown model, or sizes not known in advance)."""
         inputs = getattr(request, "inputs", None)
         if not inputs or not isinstance(getattr(request, "model_name", None), str):
             return 0
@@ -232,32 +263,42 @@ class GuardedHandlers:
             return 0
         shape = inputs[0].shape
         batch = int(shape[0]) if inst.max_batch and len(shape) else 1
-        return answer_bytes(inst.output_specs, max(1, batch))
+        return ANSWER_COPIES * answer_bytes(inst.output_specs, max(1, batch))
 
     async def _refuse_buffered(self, name: str, context: grpc.aio.ServicerContext, message: str) -> None:
         self.state.refused["buffered"] = self.state.refused.get("buffered", 0) + 1
         await self._end(name, context, _Refused(grpc.StatusCode.RESOURCE_EXHAUSTED, message))
 
-    async def _write(self, name: str, context: grpc.aio.ServicerContext, answer: bytes, held: list[int]) -> None:
+    async def _write(self, name: str, context: grpc.aio.ServicerContext, answer: bytes, held: list[int],
+                     exists: bool = False) -> None:
         """Send one answer; over a window it is counted until taken and must be taken in time.
 
-        ``held[0]`` bytes are counted for it already (the expected size of an inference answer);
-        the caller releases ``held[0]`` afterwards. An answer not taken within the timeout stays
-        counted until the call ends: grpcio cannot reset one stream from the server, so the bytes
-        stay in the transport until the client reads, resets the stream or the connection goes
-        (keep-alive pings unanswered, or the client's close).
+        ``held[0]`` bytes are counted for it already (``ANSWER_COPIES`` times the expected size of
+        an inference answer); the caller releases ``held[0]`` afterwards. A stream's answer
+        ``exists`` already (its handler admitted the request against the budget): it is counted
+        even past the limit instead of refused. An answer not taken
+        within the timeout stays counted until the call ends (the cancelled call's stream is
+        reset and grpcio frees its copy then).
         """
         size = len(answer)
         if size <= WINDOW:
-            await context.write(answer)
+            try:
+                await context.write(answer)
+            except Exception as exc:  # noqa: BLE001 - the client left mid-write (see below)
+                self._gone(name, exc)
             return
-        extra = max(0, size - held[0])
+        extra = max(0, ANSWER_COPIES * size - held[0])
         if extra:
-            if not self.state.reserve(extra):
+            if exists:
+                self.state.hold(extra)
+            elif not self.state.reserve(extra):
                 await self._refuse_buffered(name, context, ANSWERS_FULL)
             held[0] += extra
         try:
             await asyncio.wait_for(context.write(answer), self.timeout)
+        except asyncio.CancelledError:
+            self._trim()  # the client reset the call or left with the answer untaken
+            raise
         except asyncio.TimeoutError:
             self.write_timeouts += 1
             self.frontend.count(name, grpc.StatusCode.CANCELLED)
@@ -266,6 +307,19 @@ class GuardedHandlers:
             log.debug("gRPC %s: the client did not take a %d-byte answer within %g s; call cancelled",
                       name, size, self.timeout)
             raise asyncio.CancelledError() from None
+        except Exception as exc:  # noqa: BLE001 - the client left mid-write
+            self._trim()
+            self._gone(name, exc)
+
+    def _gone(self, name: str, exc: Exception) -> NoReturn:
+        """End a call whose client left while it was written to or read from.
+
+        grpcio raises its ``ExecuteBatchError`` then, and logs every one that leaves a handler at
+        ERROR; a client that hangs up is no error of the daemon's, so the call ends cancelled.
+        """
+        self.frontend.count(name, grpc.StatusCode.CANCELLED)
+        log.debug("gRPC %s: the client left: %s", name, exc)
+        raise asyncio.CancelledError() from None
 
 
 BUFFERED_FULL = "the daemon holds its limit of request bytes already (--max-buffered-mb); retry later"

@@ -692,26 +692,32 @@ class GrpcFrontend:
         until the answer), and answers waiting for the client plus those in flight (sized by the
         largest answer so far; one request at a time until the first answer) stay within
         ``STREAM_MAX_ANSWER_BYTES``; beyond that the stream is not read, and HTTP/2 flow control
-        holds the client back.
+        holds the client back. Across streams, ``--max-buffered-mb`` counts each request's expected
+        answer from its admission and each answer until the client has taken it (16 streams not
+        read used to hold 16 x 16 MiB whatever the budget).
         """
         if not self.authorized(context.invocation_metadata()):  # belt and braces: _Handlers checks first
             await context.abort(grpc.StatusCode.UNAUTHENTICATED, _UNAUTHENTICATED)
         answers: asyncio.Queue[bytes | None] = asyncio.Queue()
-        live: dict[Pending, int] = {}  # in flight -> its message bytes
+        live: dict[Pending, tuple[int, int]] = {}  # in flight -> its message bytes, its answer's reservation
         held = [0]  # message bytes in flight
         queued = [0, 0]  # answer bytes waiting for the client; the largest answer so far
         room = asyncio.Event()
         outstanding = 0
+        ended = False
 
         def answer(item: bytes) -> None:
+            if ended:
+                return  # a late delivery: nobody will take it
+            self.state.hold(len(item))  # counted until the guard writes it (which counts it then)
             queued[0] += len(item)
             queued[1] = max(queued[1], len(item))
             answers.put_nowait(item)
 
         def deliver(p: Pending) -> None:
-            size = live.pop(p, 0)
+            size, expect = live.pop(p, (0, 0))  # nothing after the stream ended: released then
             held[0] -= size
-            self.state.release(size)
+            self.state.release(size + expect)
             room.set()
             body, failure = self._finish(p)
             if failure is not None:
@@ -738,7 +744,9 @@ class GrpcFrontend:
                     while full(size):
                         room.clear()
                         await room.wait()
-                    if not self.state.reserve(size):  # --max-buffered-mb, shared with HTTP
+                    guard = self.guard
+                    expect = 0 if guard is None or isinstance(req, _Malformed) else guard.expected_answer(req)
+                    if not (guard.reserve(size + expect) if guard else self.state.reserve(size)):  # --max-buffered-mb
                         self.state.refused["buffered"] = self.state.refused.get("buffered", 0) + 1
                         self.count("ModelStreamInfer", grpc.StatusCode.RESOURCE_EXHAUSTED)
                         outstanding += 1
@@ -749,10 +757,10 @@ class GrpcFrontend:
                     self.state.inflight += 1
                     try:
                         # deliver runs later on this loop, never inside _submit: account first.
-                        live[self._submit(req, deliver, time.perf_counter())] = size
+                        live[self._submit(req, deliver, time.perf_counter())] = (size, expect)
                         held[0] += size
                     except RpcFailure as exc:
-                        self.state.release(size)
+                        self.state.release(size + expect)
                         self.count("ModelStreamInfer", exc.code)
                         answer(pb.ModelStreamInferResponse(error_message=str(exc)).SerializeToString())
             finally:
@@ -769,16 +777,22 @@ class GrpcFrontend:
                 outstanding -= 1
                 self.state.inflight -= 1
                 queued[0] -= len(item)
+                self.state.release(len(item))
                 room.set()
                 yield item
         finally:
+            ended = True
             reader.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await reader
-            for p, size in live.items():
+            for p, (size, expect) in live.items():
                 p.cancelled = True
-                self.state.release(size)
+                self.state.release(size + expect)
             live.clear()  # a late deliver() finds nothing to release twice
+            while not answers.empty():
+                left = answers.get_nowait()
+                if left is not None:
+                    self.state.release(len(left))
             if outstanding:
                 self.state.inflight -= outstanding
                 self.state.client_gone += outstanding

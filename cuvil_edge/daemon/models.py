@@ -40,6 +40,11 @@ __all__ = ["ModelEntry", "ModelInstance", "ModelRegistry", "ModelUnavailable", "
 
 log = logging.getLogger("cuvil_edge.daemon.models")
 
+# A model whose batch-1 run takes less than this at warm-up runs without an intra-op thread pool
+# (Backend.run_serially): at that size the pool's threads only spin. The tiny CNN (13 us) cost
+# 0.6-1.2 ms of CPU per request with the pool and 0.3 without; EfficientNet-Lite0 (~15 ms) keeps it.
+SERIAL_BELOW_US = 1000.0
+
 
 def io_bytes_per_item(manifest: Manifest) -> int:
     """Bytes one sample's inputs and outputs take (free dimensions counted as 1): what the memory
@@ -199,6 +204,14 @@ class ModelInstance:
         t0 = time.perf_counter()
         self.backend.infer(one)
         self.single_us = (time.perf_counter() - t0) * 1e6
+        if self.single_us < SERIAL_BELOW_US and self.backend.run_serially():
+            self.backend.infer(one)
+            t0 = time.perf_counter()
+            self.backend.infer(one)
+            serial_us = (time.perf_counter() - t0) * 1e6
+            log.info("%s %s: a batch-1 run takes %.0f us: runs on the calling thread (%.0f us), "
+                     "no intra-op pool", self.name, self.version, self.single_us, serial_us)
+            self.single_us = serial_us
         if self.max_batch > 1 and self._autotune:
             self.batch_limit = self._tune_batch(one)
             # Timing batch 8 grew the runtime's arena by its activations: give them back, so the

@@ -255,7 +255,7 @@ async def install_daemon(address: DeviceAddress, unit: bytes | None = None, star
     try:
         async with open_transport(address, connect_timeout) as tr:
             priv = await _Privileged.open(tr)
-            res.sudo = priv.sudo
+            res.sudo = priv.sudo or tr.sudo  # the transport itself may already work as root through sudo
             try:
                 changed = False
                 if wheels is not None:

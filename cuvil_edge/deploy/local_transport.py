@@ -136,6 +136,7 @@ class LocalTransport:
     def __init__(self, address: DeviceAddress, connect_timeout: float = 15.0) -> None:
         self.address = address
         self.connect_timeout = connect_timeout
+        self.sudo = False  # this machine's store is the caller's own
 
     async def __aenter__(self) -> LocalTransport:
         await self.connect()

@@ -10,6 +10,15 @@ joined with :func:`shlex.join`, so every path is quoted.
 
 Errors from asyncssh and the network are translated at this boundary into
 :class:`~cuvil_edge.errors.DeployError` carrying the device address.
+
+A stock JetPack board logs in as a normal user with sudo, never as root, while the store
+(``/var/lib/cuvil-edge``), the units and ``systemctl`` are root's. So when the login user is not
+root and ``sudo -n true`` succeeds, the transport works as root through sudo: every command runs
+as ``sudo -n -- ARGV`` and the SFTP session is the board's own ``sftp-server`` started through
+``sudo -n`` on a plain channel (what ``sudo sftp`` clients do), so file operations are root's too
+and the files the host writes are root's, as over a root login. ``sudo`` then tells whether that
+happened; a user whose sudo needs a password stays unprivileged (``sudo_refused`` keeps sudo's
+words) and a refused root operation names the reason in one line.
 """
 
 from __future__ import annotations
@@ -45,6 +54,12 @@ _CIPHERS = ("aes128-gcm@openssh.com", "aes256-gcm@openssh.com", "chacha20-poly13
             "aes128-ctr", "aes256-ctr")
 
 
+# The board's sftp-server, found where OpenSSH's packages put it (Debian/Ubuntu/L4T first), run as root.
+_SUDO_SFTP = ("sudo -n sh -c 'for s in /usr/lib/openssh/sftp-server /usr/libexec/openssh/sftp-server "
+              "/usr/lib/ssh/sftp-server /usr/libexec/sftp-server; do [ -x \"$s\" ] && exec \"$s\"; done; "
+              "echo no sftp-server >&2; exit 127'")
+
+
 class Unreachable(DeployError):
     """The device could not be reached or the SSH session failed (network, auth, host key)."""
 
@@ -60,6 +75,8 @@ class SSHTransport:
         self.connect_timeout = connect_timeout
         self.conn: asyncssh.SSHClientConnection | None = None
         self.sftp: asyncssh.SFTPClient | None = None
+        self.sudo = False  # root's operations go through ``sudo -n`` (the login user is not root)
+        self.sudo_refused = ""  # sudo's refusal when the login user is not root and sudo -n failed
 
     async def __aenter__(self) -> SSHTransport:
         await self.connect()
@@ -97,7 +114,8 @@ class SSHTransport:
         try:
             self.conn = await asyncssh.connect(a.host, **options)
             try:
-                self.sftp = await self.conn.start_sftp_client()
+                await self._become_root()
+                self.sftp = await (self._sudo_sftp() if self.sudo else self.conn.start_sftp_client())
             except BaseException:
                 await self.close()  # no half-open connection left for the garbage collector
                 raise
@@ -107,6 +125,36 @@ class SSHTransport:
             raise Unreachable(f"{a.label}: permission denied; check --identity and authorized_keys") from exc
         except (OSError, asyncio.TimeoutError, asyncssh.Error) as exc:
             raise Unreachable(f"{a.label}: cannot connect: {_reason(exc)}") from exc
+
+    async def _become_root(self) -> None:
+        """Decide whether root's operations go through ``sudo -n`` (see the module docstring)."""
+        assert self.conn is not None
+        if self.address.user == "root":
+            return
+        who = await self.conn.run("id -u", check=False, timeout=self.connect_timeout)
+        if str(who.stdout or "").strip() in ("0", ""):
+            return
+        check = await self.conn.run("sudo -n true", check=False, timeout=self.connect_timeout)
+        if check.exit_status == 0:
+            self.sudo = True
+        else:
+            self.sudo_refused = " ".join(str(check.stderr or "").split())[:200] or "sudo -n true failed"
+
+    async def _sudo_sftp(self) -> asyncssh.SFTPClient:
+        """An SFTP client whose server is the board's ``sftp-server`` run by ``sudo -n`` (root's files)."""
+        import inspect
+
+        from asyncssh import sftp as _sftp_mod
+
+        assert self.conn is not None
+        writer, reader, _ = await self.conn.open_session(command=_SUDO_SFTP, encoding=None)
+        start: Any = _sftp_mod.start_sftp_client  # its arguments changed across asyncssh releases
+        params = inspect.signature(start).parameters
+        # asyncssh's own start_sftp_client(), as SSHClientConnection.start_sftp_client() calls it on
+        # the "sftp" subsystem's channel (2.14 to 2.21 take no utf8_decode_errors argument).
+        extra = ["strict"] if "utf8_decode_errors" in params else []
+        return await start(self.conn, asyncio.get_running_loop(), *extra, reader, writer, "utf-8", "strict",
+                           _sftp_mod.MIN_SFTP_VERSION)
 
     async def close(self) -> None:
         if self.sftp is not None:
@@ -245,7 +293,7 @@ class SSHTransport:
         if self.conn is None:
             raise Unreachable(f"{self.address.label}: not connected")
         try:
-            res = await self.conn.run(shlex.join(argv), check=False, timeout=timeout, input=input)
+            res = await self.conn.run(shlex.join(self._argv(argv)), check=False, timeout=timeout, input=input)
         except (OSError, asyncssh.Error, asyncio.TimeoutError) as exc:
             raise self.error("run", argv[0], exc) from exc
         if res.exit_status is None and res.exit_signal is None:
@@ -267,10 +315,14 @@ class SSHTransport:
         if self.conn is None:
             raise Unreachable(f"{self.address.label}: not connected")
         try:
-            return await self.conn.create_process(shlex.join(argv),
+            return await self.conn.create_process(shlex.join(self._argv(argv)),
                                                   stderr=asyncssh.STDOUT if merge_stderr else asyncssh.PIPE)
         except (OSError, asyncssh.Error) as exc:
             raise self.error("run", argv[0], exc) from exc
+
+    def _argv(self, argv: list[str]) -> list[str]:
+        """``argv`` as root runs it: through ``sudo -n`` when the login user is not root."""
+        return ["sudo", "-n", "--", *argv] if self.sudo else argv
 
     async def sha256(self, path: str) -> str:
         """sha256 of a file, computed on the device."""
@@ -303,7 +355,10 @@ class SSHTransport:
         """A DeployError naming the device, the operation and the path (Unreachable for a lost link)."""
         cls = Unreachable if isinstance(exc, (asyncssh.ConnectionLost, asyncssh.DisconnectError,
                                                ConnectionError, BrokenPipeError)) else DeployError
-        return cls(f"{self.address.label}: {op} {path}: {_reason(exc)}")
+        why = _reason(exc)
+        if self.sudo_refused and isinstance(exc, (PermissionError, asyncssh.SFTPPermissionDenied)):
+            why += f" (the login user is not root and sudo -n refused: {self.sudo_refused})"
+        return cls(f"{self.address.label}: {op} {path}: {why}")
 
 
 def _reason(exc: BaseException) -> str:

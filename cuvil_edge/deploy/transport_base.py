@@ -198,6 +198,7 @@ class Transport(Protocol):
     """A link to one device; use as ``async with transport:``. See the module docstring."""
 
     address: DeviceAddress
+    sudo: bool  # root's operations go through ``sudo -n`` (a login user that is not root)
 
     async def __aenter__(self) -> Self: ...
 

@@ -309,6 +309,15 @@ class Backend(abc.ABC):
         running ``feed`` (a small input) once to do it. Runtimes without such a pool do nothing."""
         return None
 
+    def run_serially(self) -> bool:
+        """Run every inference on the calling thread, without a pool of helper threads; True
+        when the backend changed (it was re-activated), False where it has no such pool.
+
+        For a model whose whole run takes microseconds a thread pool cannot help, and its idle
+        threads still cost: ONNX Runtime's spin after each run. Called by the daemon after
+        warm-up timed a batch-1 run below ``SERIAL_BELOW_US`` (cuvil_edge.daemon.models)."""
+        return False
+
     def __enter__(self) -> Backend:
         self.activate()
         return self

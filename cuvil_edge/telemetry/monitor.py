@@ -7,7 +7,9 @@ it; ``docs/telemetry.md`` lists it).
 
 :class:`TelemetryMonitor` runs the chain in a thread: it keeps the latest sample, calls
 subscribers, and when a source dies (raises, ends, goes silent) it logs the reason, records an
-event and moves to the next spec; after the last it waits ``retry_s`` and starts over. It never
+event and moves to the next spec; after the last it waits ``retry_s`` and starts over. While a
+fallback serves, the sources above it that died are tried again in the background (after 30 s, then
+at doubling intervals up to 10 min) and take over once they yield a sample. It never
 raises into the daemon: without telemetry ``latest`` just stays ``None`` (or stale — see
 :attr:`TelemetryMonitor.age_s`) and serving goes on.
 """
@@ -34,6 +36,9 @@ __all__ = ["AUTO_CHAIN", "SOURCE_KINDS", "SourceKind", "TelemetryMonitor", "chec
 log = logging.getLogger(__name__)
 
 AUTO_CHAIN: tuple[str, ...] = ("tegrastats", "jtop", "sysfs:/")
+#: Samples a source that died must yield in a row before it takes over again (one line and a
+#: stall again would make the monitor flap between it and its fallback).
+PROBE_SAMPLES = 3
 
 
 def _split_speed(arg: str) -> tuple[str, float | None]:
@@ -221,6 +226,10 @@ class TelemetryMonitor:
             as tegrastats starting on a board busy loading models). Defaults to
             ``max(silence_s, 10.0)``.
         source_kw (dict | None): extra keyword arguments for :func:`open_source`.
+        probe_first_s (float): while a fallback serves, how long before a source above it that
+            died is tried again (in a thread of its own; the fallback keeps serving). Defaults to 30.
+        probe_max_s (float): the longest wait between two such tries; each failed try doubles
+            the wait up to it. Defaults to 600.
 
     Example::
 
@@ -240,6 +249,8 @@ class TelemetryMonitor:
         silence_s: float | None = None,
         source_kw: dict[str, Any] | None = None,
         start_s: float | None = None,
+        probe_first_s: float = 30.0,
+        probe_max_s: float = 600.0,
     ) -> None:
         if isinstance(spec, str):
             self._chain: list[str | TelemetrySource] = list(expand_spec(spec))
@@ -268,6 +279,9 @@ class TelemetryMonitor:
         self.switches_total = 0
         self.events: deque[dict[str, Any]] = deque(maxlen=100)
         self._pending_load: dict[str, Any] = {}
+        self.probe_first_s = float(probe_first_s)
+        self.probe_max_s = max(float(probe_max_s), self.probe_first_s)
+        self._died: set[int] = set()  # ranks in the chain that opened and later died
 
     # ------------------------------------------------------------------ public API
 
@@ -362,17 +376,24 @@ class TelemetryMonitor:
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            for item in self._chain:
-                if self._stop.is_set():
-                    return
+            rank = 0
+            handed: _Handover | None = None
+            while rank < len(self._chain) and not self._stop.is_set():
+                item = self._chain[rank]
                 label = item if isinstance(item, str) else item.name
-                try:
-                    src = self._open(item)
-                except Exception as exc:
-                    self.failures_total += 1
-                    self._event("open_failed", label, str(exc))
-                    log.info("telemetry source %s unavailable: %s", label, exc)
-                    continue
+                first: Sample | None = None
+                if handed is not None:
+                    src, rank, label, first = handed.source, handed.rank, handed.label, handed.sample
+                    handed = None
+                else:
+                    try:
+                        src = self._open(item)
+                    except Exception as exc:
+                        self.failures_total += 1
+                        self._event("open_failed", label, str(exc))
+                        log.info("telemetry source %s unavailable: %s", label, exc)
+                        rank += 1
+                        continue
                 if self.active is not None and self.active != label:
                     self.switches_total += 1
                 self.source, self.active = src, label
@@ -380,42 +401,145 @@ class TelemetryMonitor:
                     src.report_load(**self._pending_load)
                 self._event("opened", label, src.name)
                 log.info("telemetry from %s", label)
-                reason = self._pump(src)
+                if first is not None:
+                    self._publish(first)
+                outcome = self._pump(src, rank)
                 try:
                     src.close()
                 except Exception:
                     log.debug("closing %s failed", label, exc_info=True)
                 self.source = None
                 if self._stop.is_set():
+                    if isinstance(outcome, _Handover):
+                        _close_quietly(outcome.source)
                     return
+                if isinstance(outcome, _Handover):
+                    self._died.discard(outcome.rank)
+                    self._event("promoted", outcome.label, f"back from {label}")
+                    log.info("telemetry source %s is back; leaving %s", outcome.label, label)
+                    handed = outcome
+                    continue
                 self.failures_total += 1
-                self._event("died", label, reason)
-                log.warning("telemetry source %s stopped: %s; trying the next one", label, reason)
+                self._died.add(rank)
+                self._event("died", label, outcome)
+                log.warning("telemetry source %s stopped: %s; trying the next one", label, outcome)
+                rank += 1
             self.active = None
             if self._stop.wait(self.retry_s):
                 return
 
-    def _pump(self, src: TelemetrySource) -> str:
-        timeout = self.start_s  # the first sample may take a process start; later ones an interval
-        while not self._stop.is_set():
+    def _publish(self, sample: Sample) -> None:
+        with self._new_sample:
+            self.latest = sample
+            self.latest_monotonic = time.monotonic()
+            self.samples_total += 1
+            subs = list(self._subs)
+            self._new_sample.notify_all()
+        for cb in subs:
             try:
-                sample = src.read(timeout=timeout)
-                timeout = self.silence_s
-            except SourceExhausted as exc:
-                return f"ended: {exc}"
-            except TelemetryError as exc:
-                return str(exc)
-            except Exception as exc:  # a broken source must never take the daemon down
-                return f"{type(exc).__name__}: {exc}"
-            with self._new_sample:
-                self.latest = sample
-                self.latest_monotonic = time.monotonic()
-                self.samples_total += 1
-                subs = list(self._subs)
-                self._new_sample.notify_all()
-            for cb in subs:
+                cb(sample)
+            except Exception:
+                log.exception("telemetry subscriber %r failed", cb)
+
+    def _pump(self, src: TelemetrySource, rank: int) -> str | _Handover:
+        """Read ``src`` until it dies (the reason) or a source above it that died is back (the
+        handover): while a fallback serves, the sources above it that died are probed in a thread
+        of their own, first after :data:`PROBE_FIRST_S`, then at doubling intervals up to
+        :data:`PROBE_MAX_S`, so a tegrastats that stalled once on a busy board is not replaced by
+        sysfs for the daemon's lifetime, and no sample is missed while probing."""
+        timeout = self.start_s  # the first sample may take a process start; later ones an interval
+        probe: _Probe | None = None
+        wait_s = self.probe_first_s
+        next_probe = time.monotonic() + wait_s
+        try:
+            while not self._stop.is_set():
+                if probe is not None and probe.done.is_set():
+                    if probe.found is not None:
+                        found, probe = probe.found, None
+                        return found
+                    probe = None
+                    wait_s = min(2 * wait_s, self.probe_max_s)
+                    next_probe = time.monotonic() + wait_s
+                above = [r for r in sorted(self._died) if r < rank and isinstance(self._chain[r], str)]
+                if probe is None and above and time.monotonic() >= next_probe:
+                    probe = _Probe(self, above)
                 try:
-                    cb(sample)
-                except Exception:
-                    log.exception("telemetry subscriber %r failed", cb)
-        return "stopped"
+                    sample = src.read(timeout=timeout)
+                    timeout = self.silence_s
+                except SourceExhausted as exc:
+                    return f"ended: {exc}"
+                except TelemetryError as exc:
+                    return str(exc)
+                except Exception as exc:  # a broken source must never take the daemon down
+                    return f"{type(exc).__name__}: {exc}"
+                self._publish(sample)
+            return "stopped"
+        finally:
+            if probe is not None:
+                probe.abandon()
+
+
+@dataclass
+class _Handover:
+    """A source above the serving one that is back: open, with its first sample read."""
+
+    rank: int
+    label: str
+    source: TelemetrySource
+    sample: Sample
+
+
+class _Probe:
+    """Tries the given ranks of a monitor's chain in a thread: the first that opens and yields
+    :data:`PROBE_SAMPLES` samples (the first within the monitor's ``start_s``, the others each within
+    ``silence_s``) is ``found``; an abandoned probe closes what it found."""
+
+    def __init__(self, monitor: TelemetryMonitor, ranks: list[int]) -> None:
+        self._monitor = monitor
+        self._ranks = ranks
+        self._lock = threading.Lock()
+        self._abandoned = False
+        self.found: _Handover | None = None
+        self.done = threading.Event()
+        threading.Thread(target=self._run, name="cuvil-telemetry-probe", daemon=True).start()
+
+    def _run(self) -> None:
+        mon = self._monitor
+        try:
+            for rank in self._ranks:
+                label = str(mon._chain[rank])
+                try:
+                    src = mon._open(mon._chain[rank])
+                except Exception as exc:
+                    log.debug("telemetry probe of %s: %s", label, exc)
+                    continue
+                try:  # back means steady: its first sample, then more at its interval
+                    sample = src.read(timeout=mon.start_s)
+                    for _ in range(PROBE_SAMPLES - 1):
+                        sample = src.read(timeout=mon.silence_s)
+                except Exception as exc:
+                    log.debug("telemetry probe of %s: %s", label, exc)
+                    _close_quietly(src)
+                    continue
+                with self._lock:
+                    if self._abandoned:
+                        _close_quietly(src)
+                    else:
+                        self.found = _Handover(rank, label, src, sample)
+                return
+        finally:
+            self.done.set()
+
+    def abandon(self) -> None:
+        with self._lock:
+            self._abandoned = True
+            found, self.found = self.found, None
+        if found is not None:
+            _close_quietly(found.source)
+
+
+def _close_quietly(src: TelemetrySource) -> None:
+    try:
+        src.close()
+    except Exception:
+        log.debug("closing %s failed", src.name, exc_info=True)

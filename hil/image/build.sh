@@ -108,7 +108,27 @@ printf '[Journal]\nStorage=volatile\n' > "$root/etc/systemd/journald.conf.d/vola
 printf 'nameserver 10.0.2.3\n' > "$root/etc/resolv.conf"
 rm -f "$out/id_ed25519" "$out/id_ed25519.pub"
 ssh-keygen -q -t ed25519 -N '' -C cuvil-hil -f "$out/id_ed25519"
-install -m 600 "$out/id_ed25519.pub" "$root/root/.ssh/authorized_keys"
+# A stock JetPack board logs in as a normal user with sudo (oem-config's user; `nvidia` on NVIDIA's
+# images), never as root: root SSH is refused, the rig's key opens `nvidia`, whose sudo asks no
+# password. NOPASSWD is the RIG's choice (a stock board's sudo asks for the password oem-config
+# set): every root step of the project goes through `sudo -n`, which a password would stop. The
+# second user, `jetson`, is in the sudo group with a password, as a stock board's user is: the rig
+# checks that the project says so in one line instead of hanging at a prompt.
+chroot "$root" /usr/sbin/useradd -m -u 1000 -s /bin/bash -G sudo nvidia
+chroot "$root" /usr/sbin/useradd -m -u 1001 -s /bin/bash -G sudo jetson
+echo 'jetson:jetson-hil' | chroot "$root" /usr/sbin/chpasswd
+printf '# cuvil-edge HIL rig: passwordless sudo for the login user (the RIG'"'"'s choice; a stock\n# JetPack board asks for the password). Every root step of the project runs through sudo -n.\nnvidia ALL=(ALL:ALL) NOPASSWD: ALL\n' \
+  > "$root/etc/sudoers.d/90-cuvil-hil-nvidia"
+chmod 440 "$root/etc/sudoers.d/90-cuvil-hil-nvidia"
+chroot "$root" /usr/sbin/visudo -c -q
+mkdir -p "$root/etc/ssh/sshd_config.d"
+printf '# cuvil-edge HIL rig: as a stock JetPack board, no root login over SSH\nPermitRootLogin no\n' \
+  > "$root/etc/ssh/sshd_config.d/10-cuvil-hil.conf"
+for u in nvidia jetson; do
+  install -d -m 700 -o "$(stat -c %u "$root/home/$u")" -g "$(stat -c %g "$root/home/$u")" "$root/home/$u/.ssh"
+  install -m 600 -o "$(stat -c %u "$root/home/$u")" -g "$(stat -c %g "$root/home/$u")" "$out/id_ed25519.pub" \
+    "$root/home/$u/.ssh/authorized_keys"
+done
 # The rig checks the board's host key (made by openssh-server's postinst) instead of ignoring it.
 cp "$root/etc/ssh/ssh_host_ed25519_key.pub" "$out/host_key.pub"
 chmod 700 "$root/root/.ssh"
@@ -148,7 +168,7 @@ systemd_version=$(dpkg-query --admindir="$root/var/lib/dpkg" -W -f='${Version}' 
 python3 - "$out" "$kver" "$systemd_version" "$suite" <<'PY'
 import json, sys
 out, kver, sd, suite = sys.argv[1:]
-json.dump({"kernel": kver, "systemd_package": sd, "suite": suite, "arch": "aarch64"},
+json.dump({"kernel": kver, "systemd_package": sd, "suite": suite, "arch": "aarch64", "login_user": "nvidia"},
           open(f"{out}/manifest.json", "w"), indent=1)
 PY
 rm -rf "$root"

@@ -8,6 +8,7 @@ the attacks are scaled down from the report (tens of MB, limits set low) to keep
 
 from __future__ import annotations
 
+import socket
 import threading
 import time
 from contextlib import contextmanager
@@ -216,7 +217,7 @@ def test_finding5_unary_answers_not_read_are_bounded_and_time_out(big_store, dae
     d = daemon_factory(big_store, "--token", TOKEN, "--request-timeout", "2", "--max-body-mb", "4",
                        "--max-buffered-mb", "16")
     msg = _request(digits_data[:4]).SerializeToString()  # 4 MiB answers
-    _warm(d, msg, 4)
+    _warm(d, msg, 1)  # one 4 MiB answer at a time fits 16 MiB (counted ANSWER_COPIES times)
     s = h2raw.connect(d.grpc_url)
     try:
         with peak_rss(d) as grew:
@@ -228,6 +229,50 @@ def test_finding5_unary_answers_not_read_are_bounded_and_time_out(big_store, dae
         assert _infer(d, digits_data[:4]).shape == (4, MiB // 256, 8, 8)
     finally:
         s.close()
+
+
+def _returned(d, base_kb: int, within: float, timeout: float = 10.0) -> float:
+    """Poll until the daemon's VmRSS is at most ``within`` bytes over ``base_kb``; the growth left."""
+    deadline = time.monotonic() + timeout
+    while (d.rss_kb() - base_kb) * 1024 > within and time.monotonic() < deadline:
+        time.sleep(0.2)  # the heap is trimmed at the next tick after a dropped answer
+    return (d.rss_kb() - base_kb) * 1024
+
+
+@pytest.mark.parametrize("kind", ["unary", "streams"])
+def test_finding5_unread_answers_cost_at_most_the_share_and_are_returned(big_store, daemon_factory, digits_data,
+                                                                          kind):
+    """Token holder, never reads, then hangs up: 40 unary ModelInfer calls, or 12 ModelStreamInfer
+    streams of 100 requests, each answer 4 MiB, with --max-buffered-mb 64. The daemon grows by at
+    most the share plus 16 MiB while they are held (a gRPC answer costs about three times its
+    size at its peak: counted once, the unary calls grew it by 137 MiB, and each stream held its
+    own 16 MiB whatever the budget: 282 MiB), gives the memory back once the client left (it kept
+    all of it), and logs no ERROR for a client that hung up (grpcio's ExecuteBatchError did)."""
+    share = 64 * MiB
+    d = daemon_factory(big_store, "--token", TOKEN, "--max-body-mb", "4", "--max-buffered-mb", "64")
+    msg = _request(digits_data[:4]).SerializeToString()  # 4 MiB answers
+    _warm(d, msg, 4)
+    base = d.rss_kb()
+    s = h2raw.connect(d.grpc_url)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    try:
+        with peak_rss(d) as grew:
+            if kind == "unary":
+                s.sendall(b"".join(h2raw.grpc_headers(1 + 2 * i, "ModelInfer", TOKEN)
+                                   + h2raw.grpc_data(1 + 2 * i, msg, end_stream=True) for i in range(40)))
+            else:
+                for k in range(12):
+                    s.sendall(h2raw.grpc_headers(1 + 2 * k, "ModelStreamInfer", TOKEN)
+                              + b"".join(h2raw.grpc_data(1 + 2 * k, msg) for _ in range(100)))
+            time.sleep(4)
+        assert grew[0] <= share + 16 * MiB, f"unread answers grew the daemon by {grew[0] / MiB:.0f} MiB"
+    finally:
+        s.close()
+    left = _returned(d, base, 16 * MiB)
+    assert left <= 16 * MiB, f"{left / MiB:.0f} MiB not returned after the client left"
+    assert _infer(d, digits_data[:4]).shape == (4, MiB // 256, 8, 8)
+    errors = [line for line in d.log.splitlines() if " ERROR " in line]
+    assert not errors, errors
 
 
 def _http_infer_request(x: np.ndarray) -> bytes:
@@ -246,7 +291,6 @@ def test_finding5_http_answers_not_read_are_bounded_and_returned(big_store, daem
     """20 HTTP connections whose 4 MiB answers are never read hold at most --max-buffered-mb (16 MiB)
     beyond what reading them costs; once dropped after --request-timeout, the memory is returned
     (the report: 3.8 GB held, 3.9 GB still resident after they closed)."""
-    import socket
 
     d = daemon_factory(big_store, "--token", TOKEN, "--request-timeout", "2", "--max-body-mb", "4",
                        "--max-buffered-mb", "16")

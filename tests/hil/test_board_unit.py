@@ -39,9 +39,9 @@ def test_console_tail_drops_colour_codes_and_progress_spinners(tmp_path: Path) -
 def test_smoke_is_the_ci_subset_of_full() -> None:
     smoke = [c.name for c in checks_for("smoke")]
     full = [c.name for c in checks_for("full")]
-    assert smoke == ["boot", "install_project", "kernels_isa", "install_daemon_ready", "deploy_fresh",
+    assert smoke == ["boot", "login_sudo_user", "install_project", "kernels_isa", "install_daemon_ready", "deploy_fresh",
                      "infer_equals_fp32", "top_over_ssh"]
-    assert full[: len(smoke)] == smoke and len(full) == 16 + len(CUTS) and len(CUTS) >= 12
+    assert full[: len(smoke)] == smoke and len(full) == 17 + len(CUTS) and len(CUTS) >= 12
     powercut = [c.name for c in checks_for("powercut")]
     assert powercut[:4] == ["boot", "install_project", "install_daemon_ready", "deploy_fresh"]
     assert powercut[4:] == [f"powercut[{c.name}]" for c in CUTS] and not set(powercut[4:]) & set(smoke)

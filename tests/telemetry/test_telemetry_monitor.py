@@ -68,6 +68,42 @@ class TestTelemetryMonitor:
             assert mon.latest is not None and mon.latest.source == "tegrastats"
         assert not [e for e in mon.events if e["kind"] == "died"]
 
+    def test_a_source_that_stalled_once_takes_over_again(self, tmp_path: Path) -> None:
+        """tegrastats silent once (a busy emulated board) sends the monitor to the fallback; a probe
+        in the background finds it back and it serves again, with no gap in the samples."""
+        line = recorded_lines("orin_jp6.log")[2]
+        exe, mark = tmp_path / "tegrastats", tmp_path / "stalled-once"
+        exe.write_text(f"#!/bin/sh\nif [ ! -e {mark} ]; then touch {mark}; echo '{line}'; echo '{line}'; "
+                       f"exec sleep 60; fi\nwhile :; do echo '{line}'; sleep 0.05; done\n")
+        exe.chmod(0o755)
+        mon = TelemetryMonitor([f"tegrastats:{exe}", "sim:orin-nano-8gb@50"], interval_s=0.05, silence_s=0.3,
+                               start_s=3.0, probe_first_s=0.5)
+        stamps: list[tuple[float, str]] = []
+        mon.subscribe(lambda s: stamps.append((time.monotonic(), s.source)))
+        with mon:
+            assert wait_until(lambda: any(src.startswith("sim:") for _, src in stamps), 5)
+            assert wait_until(lambda: stamps[-1][1] == "tegrastats" and mon.active == f"tegrastats:{exe}", 10)
+        kinds = [e["kind"] for e in mon.events]
+        assert "died" in kinds and "promoted" in kinds
+        fallback = [t for t, src in stamps if src.startswith("sim:")]
+        back = next(t for t, src in stamps if src == "tegrastats" and t > fallback[0])
+        gaps = [b - a for a, b in zip([t for t, _ in stamps], [t for t, _ in stamps][1:]) if a >= fallback[0]]
+        assert max(gaps) < 0.5 and back > fallback[-1] - 0.2
+
+    def test_a_source_still_broken_is_probed_less_and_less(self, tmp_path: Path) -> None:
+        line = recorded_lines("orin_jp6.log")[2]
+        exe, starts = tmp_path / "tegrastats", tmp_path / "starts"
+        exe.write_text(f"#!/bin/sh\necho x >> {starts}\necho '{line}'\nexec sleep 60\n")
+        exe.chmod(0o755)
+        mon = TelemetryMonitor([f"tegrastats:{exe}", "sim:orin-nano-8gb@50"], interval_s=0.05, silence_s=0.2,
+                               start_s=0.2, probe_first_s=0.2, probe_max_s=0.8)
+        with mon:
+            time.sleep(3.0)
+            assert mon.active == "sim:orin-nano-8gb@50" and mon.latest is not None
+        # first start, then probes after ~0.2, 0.4, 0.8, 0.8 ... s (each adds its own 0.2 s read)
+        n = len(starts.read_text().split())
+        assert 3 <= n <= 6, n
+
     def test_subscriber_errors_do_not_stop_the_stream(self) -> None:
         mon = TelemetryMonitor("sim:xavier-nx@100", interval_s=0.01)
         good: list[float] = []
