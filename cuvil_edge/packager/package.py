@@ -199,7 +199,10 @@ def _quantize_cuvil(step: QuantizerStep) -> tuple[onnx.ModelProto, dict[str, Any
     with _quiet(), Quantizer(step.model, step.target.runtime_format, calibration, method, progress=say,
                              bar=step.bar, bias_correction=bias_correction, arch=step.target.arch,
                              exclude=step.exclude) as q:
-        result = q.mixed(search, step.kind, step.goal) if step.precision == "mixed" else None
+        # Calibration samples past the search's count: the search never sees them (its data is a
+        # prefix of the calibration set, or fresh samples), so candidates are compared on them.
+        holdout = calibration.slice(len(search), len(calibration)) if step.sensitivity is not None else None
+        result = q.mixed(search, step.kind, step.goal, holdout=holdout) if step.precision == "mixed" else None
         quantized = result.model if result is not None else q.quantize()
         info["bias_corrected_convs"] = len(q.corrected)
         info["int8_form"] = q.form.to_dict()
