@@ -51,7 +51,10 @@ OUTCOME: dict[tuple[str, str, str], str | None] = {
     ("ocr-det", ORIN, "mixed"): "mask_iou",
     ("ocr-rec", ORIN, "int8"): "char_error_rate",
     ("ocr-rec", ARM, "int8"): "char_error_rate",
-    ("ocr-rec", ORIN, "mixed"): None,  # every Conv/MatMul group kept in float: CER 0
+    # Over runs of nodes the search met the goal on its 4 samples with every group in FP16 and lost a
+    # character on held-out crops (CER 0.07); the op-type families' search, compared on the calibration
+    # samples it did not see, ships: Conv/Mul/Add/Div/HardSigmoid in FP32, CER 0.
+    ("ocr-rec", ORIN, "mixed"): None,
     ("ocr-cls", ORIN, "int8"): None,
     ("ocr-cls", ARM, "int8"): "confident_top1_agreement",
     ("ocr-cls", ORIN, "mixed"): None,  # one group kept in float
