@@ -789,7 +789,10 @@ class Quantizer:
         goal = self.task(data, kind).goal(goal)
         ref = self.reference_outputs(data, kind)
         float_model = self.float_model
-        groups = self.groups(self.quantize())
+        full = self.quantize()
+        groups = self.groups(full)
+        if ranking and not set(ranking) & set(groups):  # ranked by the op-type-family search (``mixed``)
+            groups = layer_groups(self.float_model, quantized_nodes(full))
         kept_nodes = {n for g in kept for n in groups.get(g, [])}
         half_kept = [n for g, t in kept.items() if t == "fp16" for n in groups.get(g, [])]
         rows = []
