@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 import time
@@ -314,15 +313,19 @@ def compare_bindings(args) -> int:
                                _binding_case("cuda-python", CudaPythonOps(), args.reps, rng)]}
     finally:
         primary.pop()
-    args.out_dir.mkdir(parents=True, exist_ok=True)
-    out = args.out_dir / f"{args.name}.json"
-    tmp = out.with_suffix(".tmp")
-    tmp.write_text(json.dumps(result, indent=2) + "\n")
-    os.replace(tmp, out)
-    print(json.dumps(result, indent=2))
+    _save(result, args.out_dir / f"{args.name}.json")
     ok = all(r["roundtrip_correct"] for b in result["bindings"] for r in b["copies"]) and all(
         v["correct"] for b in result["bindings"] for c in b["run_slot"] for k, v in c.items() if k != "shape")
     return 0 if ok else 1
+
+
+def _save(result: dict, out: Path) -> None:
+    """Writes the result durably (the project's atomic write) and prints it."""
+    from cuvil_edge._atomic import atomic_write_text
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(out, json.dumps(result, indent=2) + "\n")
+    print(json.dumps(result, indent=2))
 
 
 def _stats(samples_ms):
@@ -411,12 +414,7 @@ def main(argv=None) -> int:
         case["pageable_peer"] = {"correct": bool(np.array_equal(y, 2 * x)), **_stats(times)}
         result["cases"].append(case)
     result["scratch_reserved_bytes"] = arena.reserved_bytes
-    args.out_dir.mkdir(parents=True, exist_ok=True)
-    out = args.out_dir / f"{args.name}.json"
-    tmp = out.with_suffix(".tmp")
-    tmp.write_text(json.dumps(result, indent=2) + "\n")
-    os.replace(tmp, out)
-    print(json.dumps(result, indent=2))
+    _save(result, args.out_dir / f"{args.name}.json")
     keys = ("mapped_numpy", "mapped_pool", "pinned_numpy", "pinned_pool", "pageable_peer")
     return 0 if all(c[k]["correct"] for c in result["cases"] for k in keys) else 1
 

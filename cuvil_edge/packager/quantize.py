@@ -479,7 +479,8 @@ class Quantizer:
         groups = self.groups(full)
         first, missed = self._search(data, kind, ref, score, full, groups, steps, budget, max_kept_fraction, True)
         families = layer_groups(self.float_model, quantized_nodes(full))
-        nodes = [n for n in self.float_model.graph.node if n.name and n.name in {x for g in families.values() for x in g}]
+        in_families = {x for g in families.values() for x in g}
+        nodes = [n for n in self.float_model.graph.node if n.name and n.name in in_families]
         if families == groups or not _interleaved(families, nodes) or len(families) > 2 * SEARCH_GROUPS:
             return first
         spare = holdout if holdout is not None and len(holdout) else None

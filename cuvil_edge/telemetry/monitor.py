@@ -451,6 +451,8 @@ class TelemetryMonitor:
         probe: _Probe | None = None
         wait_s = self.probe_first_s
         next_probe = time.monotonic() + wait_s
+        # Only _run changes which sources died, between pumps: the ranks to probe are fixed here.
+        above = [r for r in sorted(self._died) if r < rank and isinstance(self._chain[r], str)]
         try:
             while not self._stop.is_set():
                 if probe is not None and probe.done.is_set():
@@ -460,7 +462,6 @@ class TelemetryMonitor:
                     probe = None
                     wait_s = min(2 * wait_s, self.probe_max_s)
                     next_probe = time.monotonic() + wait_s
-                above = [r for r in sorted(self._died) if r < rank and isinstance(self._chain[r], str)]
                 if probe is None and above and time.monotonic() >= next_probe:
                     probe = _Probe(self, above)
                 try:
