@@ -150,6 +150,44 @@ def _constant_inputs_dropped(model: onnx.ModelProto) -> onnx.ModelProto:
     return out
 
 
+def _gemm_biases_flat(model: onnx.ModelProto) -> onnx.ModelProto:
+    """``model`` (a copy when anything changes) with every Gemm bias initializer of shape ``[1, N]``
+    stored as ``[N]``: the same Gemm (C broadcasts to ``[M, N]`` either way).
+
+    ONNX Runtime's pre-processing fuses ``MatMul`` + ``Add [1, N]`` into such a Gemm (Magika's last
+    layer), and its QDQ quantizer's per-channel int32-bias check indexes the bias by output channel:
+    ``bias[i]`` of a ``[1, N]`` bias is a row, and the check raised "The truth value of an array with
+    more than one element is ambiguous" (onnxruntime 1.23-1.24; the CPU form keeps that check).
+    """
+    inits = {i.name: i for i in model.graph.initializer}
+    readers: dict[str, int] = {}
+    for n in model.graph.node:
+        for name in n.input:
+            readers[name] = readers.get(name, 0) + 1
+    todo = [n for n in model.graph.node if n.op_type == "Gemm" and len(n.input) > 2 and n.input[2] in inits
+            and len(inits[n.input[2]].dims) == 2 and inits[n.input[2]].dims[0] == 1]
+    if not todo:
+        return model
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    inits = {i.name: i for i in out.graph.initializer}
+    graph_inputs = {i.name for i in out.graph.input}
+    for node in out.graph.node:
+        if node.op_type != "Gemm" or len(node.input) < 3 or node.input[2] not in inits:
+            continue
+        bias = inits[node.input[2]]
+        if len(bias.dims) != 2 or bias.dims[0] != 1:
+            continue
+        flat = onnx.numpy_helper.from_array(onnx.numpy_helper.to_array(bias).reshape(-1), bias.name)
+        if readers.get(bias.name, 0) > 1 or bias.name in graph_inputs:  # shared: a flat copy of its own
+            flat.name = f"{node.name}/bias_flat"
+            out.graph.initializer.append(flat)
+            node.input[2] = flat.name
+        else:
+            bias.CopyFrom(flat)
+    return out
+
+
 def _subgraphs_unnamed(attr: onnx.AttributeProto, check: Callable[[onnx.GraphProto], bool]) -> bool:
     return any(check(g) for g in ([attr.g] if attr.HasField("g") else []) + list(attr.graphs))
 
@@ -353,8 +391,9 @@ class Quantizer:
             return src
         prepared = onnx.load(str(out))
         named = name_unnamed_nodes(prepared)  # ONNX Runtime's fusions may leave new nodes unnamed
-        if named is not prepared:
-            onnx.save(named, str(out))
+        flat = _gemm_biases_flat(named)
+        if flat is not prepared:
+            onnx.save(flat, str(out))
         return out
 
     @property
@@ -391,9 +430,9 @@ class Quantizer:
 
         extra: dict[str, Any] = {"ActivationSymmetric": self.form.symmetric_activations, "WeightSymmetric": True}
         if self.runtime_format == "tensorrt":
-            # ORT widens a weight's scale so an int32 bias fits: pointless when biases stay float, and it
-            # fails on a bias of rank > 1 (Magika's MatMul + Add [1, C]: "truth value ... is ambiguous").
-            # The CPU form keeps it (PP-OCR's detector has a bias that would overflow int32 without it).
+            # ORT widens a weight's scale so an int32 bias fits: pointless when biases stay float. The CPU
+            # form keeps it (PP-OCR's detector has a bias that would overflow int32 without it); Gemm
+            # biases of rank 2, which that check cannot index, are flattened first (``_gemm_biases_flat``).
             extra["QDQDisableWeightAdjustForInt32Bias"] = True
             extra["QuantizeBias"] = False
             act = QuantType.QInt8

@@ -240,6 +240,56 @@ def _onet_samples(count: int, split: str, seed: int) -> list[dict[str, np.ndarra
     return out
 
 
+# PP-OCR's direction classifier sees what rapidocr feeds it: text lines its detector found, upright or
+# turned 180 degrees. Lines of the scanned page's left half calibrate, of its right half evaluate (on
+# photo crops the original is undecided: top-1 probability 0.5-0.9, and INT8 flips a few of them).
+LINE_PHOTOS = {"calibration": ("page#left",), "evaluation": ("page#right",)}
+
+
+@cache
+def _text_lines(name: str) -> tuple[np.ndarray, ...]:
+    """The text lines of a photo as rapidocr finds them: the corpus's PP-OCR detector (``ocr-det``), its
+    probability map thresholded at 0.3, each region's box grown by DB's unclip (area x 1.5 / perimeter)."""
+    import onnxruntime as ort
+    from scipy import ndimage
+
+    img = _photo(name)
+    h, w = img.shape[:2]
+    big_h, big_w = -(-h // 32) * 32, -(-w // 32) * 32
+    mean = np.array([0.485, 0.456, 0.406], np.float32)
+    std = np.array([0.229, 0.224, 0.225], np.float32)
+    x = (_resize(img, big_h, big_w).astype(np.float32) / 255.0 - mean) / std
+    det = ort.InferenceSession(str(model_path("ocr-det")), providers=["CPUExecutionProvider"])
+    prob = det.run(None, {"x": x.transpose(2, 0, 1)[None].astype(np.float32)})[0][0, 0]
+    labels, _ = ndimage.label(prob > 0.3)
+    lines = []
+    for rows, cols in ndimage.find_objects(labels):
+        y0, y1, x0, x1 = rows.start * h / big_h, rows.stop * h / big_h, cols.start * w / big_w, cols.stop * w / big_w
+        grow = (x1 - x0) * (y1 - y0) * 1.5 / (2 * ((x1 - x0) + (y1 - y0)))
+        lines.append(img[max(0, int(y0 - grow)) : int(y1 + grow) + 1, max(0, int(x0 - grow)) : int(x1 + grow) + 1])
+    return tuple(lines)
+
+
+def _line_samples(count: int, split: str, seed: int) -> list[dict[str, np.ndarray]]:
+    """PP-OCR direction-classifier inputs: pieces (2-8 line heights wide) of the split's text lines, every
+    second one turned 180 degrees, resized as rapidocr does (height 48, width up to 192 keeping the
+    aspect, zero-padded to 192), RGB (x/255 - 0.5)/0.5."""
+    rng = np.random.default_rng(seed + (0 if split == "calibration" else 1000))
+    lines = [ln for name in LINE_PHOTOS[split] for ln in _text_lines(name)]
+    out = []
+    for i in range(count):
+        line = lines[i % len(lines)]
+        h, w = line.shape[:2]
+        cw = min(w, int(h * rng.uniform(2.0, 8.0)))
+        left = int(rng.integers(0, w - cw + 1))
+        crop = np.ascontiguousarray(line[:, left : left + cw][::-1, ::-1] if i % 2 else line[:, left : left + cw])
+        rw = min(int(np.ceil(48 * cw / h)), 192)
+        x = np.zeros((3, 48, 192), np.float32)
+        x[:, :, :rw] = ((_resize(crop, 48, rw).astype(np.float32) / 255.0 - 0.5) / 0.5).transpose(2, 0, 1)
+        out.append({"x": x[None]})
+    return out
+
+
 def image_samples(name: str, count: int, split: str = "calibration", seed: int = 0) -> list[dict[str, np.ndarray]]:
     """``count`` real-photo samples pre-processed as the model's own package does."""
     out: list[dict[str, np.ndarray]] = []
@@ -247,6 +297,8 @@ def image_samples(name: str, count: int, split: str = "calibration", seed: int =
     std = np.array([0.229, 0.224, 0.225], np.float32)
     if name == "mtcnn-onet":
         return _onet_samples(count, split, seed)
+    if name == "ocr-cls":
+        return _line_samples(count, split, seed)
     photos = (TEXT_PHOTOS if name == "ddddocr-det" else DETECTOR_PHOTOS if CORPUS[name].task == "detection"
               else PHOTOS)[split]
     for i, img in enumerate(_crops(photos, count, seed + (0 if split == "calibration" else 1000))):
@@ -262,8 +314,8 @@ def image_samples(name: str, count: int, split: str = "calibration", seed: int =
             h, w = [(160, 224), (224, 160), (192, 192), (128, 256)][i % 4]
             x = (_resize(img, h, w).astype(np.float32) / 255.0 - mean) / std
             out.append({"x": x.transpose(2, 0, 1)[None].astype(np.float32)})
-        elif name in ("ocr-rec", "ocr-cls"):
-            h, w = 48, ([160, 192, 240, 320][i % 4] if name == "ocr-rec" else 192)
+        elif name == "ocr-rec":
+            h, w = 48, [160, 192, 240, 320][i % 4]
             x = (_resize(img, h, w).astype(np.float32) / 255.0 - 0.5) / 0.5
             out.append({"x": x.transpose(2, 0, 1)[None].astype(np.float32)})
         else:
@@ -364,7 +416,16 @@ def _real_files() -> list[Path]:
 
 
 def magika_samples(count: int, seed: int = 0) -> list[dict[str, np.ndarray]]:
-    """Magika's features of ``count`` real files: first and last 1024 bytes, padded with 256."""
+    """Magika's features of ``count`` real files, extracted by the magika wheel itself
+    (``Magika._extract_features_from_seekable`` with the model's own config: the first and last
+    1024 bytes of at most 4096 read from each end, whitespace stripped, padded with 256)."""
+    import io
+    import json as _json
+
+    from magika.magika import Magika
+    from magika.types import Seekable
+
+    config = _json.loads((model_path("magika").parent / "config.min.json").read_text())
     rng = np.random.default_rng(seed)
     files = _real_files()
     by_kind: dict[str, list[Path]] = {}
@@ -375,11 +436,12 @@ def magika_samples(count: int, seed: int = 0) -> list[dict[str, np.ndarray]]:
     for i in range(count):
         group = by_kind[kinds[i % len(kinds)]]
         data = group[int(rng.integers(len(group)))].read_bytes()
-        beg, end = data[:4096].lstrip()[:1024], data[-4096:].rstrip()[-1024:]
-        x = np.full(2048, 256, np.int32)
-        x[: len(beg)] = np.frombuffer(beg, np.uint8)
-        x[2048 - len(end) :] = np.frombuffer(end, np.uint8)
-        out.append({"bytes": x[None]})
+        fs = Magika._extract_features_from_seekable(
+            Seekable(io.BytesIO(data)), beg_size=config["beg_size"], mid_size=config["mid_size"],
+            end_size=config["end_size"], padding_token=config["padding_token"], block_size=config["block_size"],
+            use_inputs_at_offsets=config["use_inputs_at_offsets"])
+        x = fs.beg[: config["beg_size"]] + fs.mid[: config["mid_size"]] + fs.end[len(fs.end) - config["end_size"] :]
+        out.append({"bytes": np.asarray(x, np.int32)[None]})
     return out
 
 

@@ -177,3 +177,32 @@ def test_bias_correction_means_come_from_the_calibration_pass(digits):
     assert set(expected) == {n.name for n in convs}
     for conv in convs:
         np.testing.assert_allclose(means[conv.input[0]], expected[conv.name], rtol=1e-6)
+
+
+def _dense_with_row_bias() -> onnx.ModelProto:
+    """x [N, 8] -> MatMul [8, 6] -> Add bias [1, 6] (as Keras/JAX exports a Dense layer, Magika's last)."""
+    rng = np.random.default_rng(3)
+    w = numpy_helper.from_array(rng.standard_normal((8, 6)).astype(np.float32), "w")
+    b = numpy_helper.from_array(rng.standard_normal((1, 6)).astype(np.float32), "b")
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["h"], name="dense/MatMul"),
+         helper.make_node("Add", ["h", "b"], ["y"], name="dense/Add")],
+        "dense", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 6])], [w, b])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+
+
+@pytest.mark.parametrize("form", ["ort-cpu", "tensorrt"])
+def test_a_dense_layer_with_a_row_bias_quantizes(form):
+    """ONNX Runtime's pre-processing fuses MatMul + Add [1, N] into a Gemm whose bias is [1, N]; its
+    per-channel int32-bias check then indexed a row and raised "The truth value of an array with more
+    than one element is ambiguous" (Magika's CPU form). The bias is flattened to [N] first."""
+    model = _dense_with_row_bias()
+    data = Dataset({"x": np.random.default_rng(4).standard_normal((16, 8)).astype(np.float32)}, None, "dense")
+    with qmod.Quantizer(model, form, data) as q:
+        assert any(n.op_type == "Gemm" for n in q.float_model.graph.node)  # fused, as on Magika
+        quantized = q.quantize()
+    assert any(n.op_type == "QuantizeLinear" for n in quantized.graph.node)
+    ref = run_model(make_session(model), data)["y"]
+    got = run_model(make_session(quantized), data)["y"]
+    assert np.abs(got - ref).max() < 0.05 * np.abs(ref).max()

@@ -316,3 +316,23 @@ def test_stream_gate_runs_each_model_with_its_own_state(tmp_path):
     assert report.failures[0].startswith("decision_agreement"), report.failures
     same = validate_models(make_session(path), make_session(path), data, post, AccuracyGoal())
     assert same.passed and same.extra["task_metrics"]["decision_agreement"] == 1.0
+
+
+def test_a_model_that_ends_in_softmax_is_judged_on_its_own_probabilities():
+    """Magika's 214 class probabilities, softmaxed again, gave a top-1 of at most e / (e + 213):
+    never confident, so its classification goal could not be computed. Probabilities are taken as
+    they are; logits still go through a softmax."""
+    from cuvil_edge.packager.tasks.classification import classify
+
+    rng = np.random.default_rng(0)
+    logits = rng.standard_normal((16, 214)) * 2
+    logits[np.arange(16), rng.integers(0, 214, 16)] += 12  # decided originals
+    probs = np.exp(logits - logits.max(1, keepdims=True))
+    probs /= probs.sum(1, keepdims=True)
+    flipped = probs.copy()
+    flipped[:4] = flipped[:4, ::-1]  # four samples change their class
+    m = classify(probs, flipped)
+    assert m["confident_samples"] == 16
+    assert m["confident_top1_agreement"] == pytest.approx(12 / 16)
+    assert classify(logits, logits)["confident_samples"] == 16
+    assert classify(logits, logits)["mean_kl"] == pytest.approx(0.0, abs=1e-9)

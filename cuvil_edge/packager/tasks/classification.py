@@ -1,7 +1,8 @@
 """Classifiers: do the quantized model's class scores pick the same classes as the original's?
 
-Top-1 agreement overall and on confident samples (original's top-1 probability at least 0.5:
-random crops often leave the original undecided, so overall agreement understates quality), top-5
+Scores are logits (a softmax makes them probabilities) or, when the original's rows already sum to 1,
+probabilities as they are. Top-1 agreement overall and on confident samples (original's top-1
+probability at least 0.5: random crops often leave the original undecided, so overall agreement understates quality), top-5
 containment, mean KL divergence, and accuracy against labels when the data has them.
 """
 
@@ -26,9 +27,26 @@ def _softmax(x: np.ndarray) -> np.ndarray:
     return e / e.sum(axis=-1, keepdims=True)
 
 
+def _is_probability(x: np.ndarray) -> bool:
+    """True when every row of ``x`` is already a distribution (the model ends in a softmax)."""
+    return bool(x.size) and float(x.min()) >= 0.0 and bool(np.all(np.abs(x.sum(axis=-1) - 1.0) < 1e-3))
+
+
+def _probabilities(x: np.ndarray) -> np.ndarray:
+    """Rows of ``x`` renormalised (a quantized softmax's rows sum to about 1), clipped away from 0."""
+    x = np.clip(x, 1e-12, None)
+    return x / x.sum(axis=-1, keepdims=True)
+
+
 def classify(ref: np.ndarray, test: np.ndarray, labels: np.ndarray | None = None) -> dict[str, Any]:
-    """Agreement figures of ``test`` against ``ref``, both ``[N, C]`` class scores."""
-    p, q = _softmax(ref.astype(np.float64)), _softmax(test.astype(np.float64))
+    """Agreement figures of ``test`` against ``ref``, both ``[N, C]`` class scores: logits, or
+    probabilities when the original's rows already are distributions (a softmax twice flattens them:
+    Magika's 214 probabilities became a top-1 of at most e / (e + 213) = 0.013, never confident)."""
+    ref, test = ref.astype(np.float64), test.astype(np.float64)
+    if _is_probability(ref):
+        p, q = _probabilities(ref), _probabilities(test)
+    else:
+        p, q = _softmax(ref), _softmax(test)
     top1_ref, top1_test = p.argmax(1), q.argmax(1)
     k = min(5, ref.shape[1])
     top5_test = np.argsort(-q, axis=1)[:, :k]
