@@ -26,8 +26,8 @@ from cuvil_edge.packager.tasks import goal_failures as _task_goal_failures
 from cuvil_edge.packager.tasks._common import output_figures
 from cuvil_edge.recipes import AccuracyGoal
 
-__all__ = ["ValidationReport", "compare_outputs", "goal_failures", "make_session", "model_outputs_for", "run_model",
-           "probe_task", "task_for", "validate_models"]
+__all__ = ["ValidationReport", "compare_outputs", "fused_session", "goal_failures", "make_session", "model_outputs_for",
+           "run_model", "probe_task", "task_for", "validate_models"]
 
 CONFIDENT = classification.CONFIDENT
 
@@ -68,6 +68,19 @@ def make_session(model: onnx.ModelProto | Path | bytes, threads: int = 0) -> ort
         return ort.InferenceSession(
             src, opts, providers=["CPUExecutionProvider"], disabled_optimizers=["WeightBiasQuantization"]
         )
+    except Exception as exc:  # onnxruntime raises its own untyped exceptions
+        raise ModelError(f"ONNX Runtime cannot load the model: {str(exc).splitlines()[0]}") from None
+
+
+def fused_session(model: bytes) -> ort.InferenceSession:
+    """A CPU session as ONNX Runtime serves the file on a CPU board: QDQ fusions on (integer kernels).
+
+    Never used for an accuracy verdict (those are ``make_session``'s); only to know how far a
+    board's integer kernels may legitimately land from the file's exact arithmetic."""
+    opts = ort.SessionOptions()
+    opts.log_severity_level = 3
+    try:
+        return ort.InferenceSession(model, opts, providers=["CPUExecutionProvider"])
     except Exception as exc:  # onnxruntime raises its own untyped exceptions
         raise ModelError(f"ONNX Runtime cannot load the model: {str(exc).splitlines()[0]}") from None
 
