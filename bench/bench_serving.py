@@ -245,26 +245,39 @@ asyncio.run(main())
 
 CANNED_GRPC_SERVER = r'''
 import asyncio, sys
+from concurrent import futures
 import grpc
 from cuvil_edge.daemon.proto import grpc_service_pb2 as pb
 
-classes, port = int(sys.argv[1]), int(sys.argv[2])
+classes, port, mode = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
 resp = pb.ModelInferResponse(model_name="m", model_version="1")
 resp.outputs.add(name="logits", datatype="FP32", shape=[1, classes])
 resp.raw_output_contents.append(bytes(4 * classes))
 blob = resp.SerializeToString()
+parse = pb.ModelInferRequest.FromString
 
 
 async def infer(request, context):
     return blob
 
 
+async def infer_stream(_requests, context):  # cuvil-edged's guard: read the one message, write, end
+    parse(await context.read())
+    await context.write(blob)
+
+
+def infer_sync(request, context):
+    return blob
+
+
 class Handlers(grpc.GenericRpcHandler):
     def service(self, details):
-        if details.method == "/inference.GRPCInferenceService/ModelInfer":
-            return grpc.unary_unary_rpc_method_handler(
-                infer, request_deserializer=pb.ModelInferRequest.FromString, response_serializer=lambda b: b)
-        return None
+        if details.method != "/inference.GRPCInferenceService/ModelInfer":
+            return None
+        if mode == "aio-stream":
+            return grpc.stream_stream_rpc_method_handler(infer_stream)
+        return grpc.unary_unary_rpc_method_handler(
+            infer_sync if mode == "sync" else infer, request_deserializer=parse, response_serializer=lambda b: b)
 
 
 async def main():
@@ -275,19 +288,33 @@ async def main():
     print("ready", flush=True)
     await server.wait_for_termination()
 
-asyncio.run(main())
+if mode == "sync":
+    server = grpc.server(futures.ThreadPoolExecutor(8))
+    server.add_generic_rpc_handlers((Handlers(),))
+    server.add_insecure_port(f"127.0.0.1:{port}")
+    server.start()
+    print("ready", flush=True)
+    server.wait_for_termination()
+else:
+    asyncio.run(main())
 '''
 
+# The canned gRPC servers: grpc.aio with a unary handler, grpc.aio with the stream handler that
+# cuvil-edged's guard (daemon/grpc_guard.py) puts in front of every call, and grpcio's sync server
+# with a thread pool. Each answers every call with the same bytes: what the transport alone costs.
+GRPC_FLOORS = {"canned_grpc_floor": "aio-unary", "canned_grpc_stream_floor": "aio-stream",
+               "canned_grpc_sync_floor": "sync"}
 
-def start_canned(classes: int, work: Path, protocol: str = "http") -> tuple[Proc, str]:
+
+def start_canned(classes: int, work: Path, protocol: str = "http", mode: str = "aio-unary") -> tuple[Proc, str]:
     """A server that answers every infer with the same bytes: the floor of the client plus
-    ``protocol`` (``http``: asyncio + httptools; ``grpc``: grpc.aio, as cuvil-edged uses)."""
+    ``protocol`` (``http``: asyncio + httptools; ``grpc``: ``mode`` of ``GRPC_FLOORS``)."""
     port = _free_port()
     script = work / f"canned-{protocol}.py"
     script.write_text(CANNED_GRPC_SERVER if protocol == "grpc" else CANNED_SERVER)
     env = dict(os.environ)
     env["PYTHONPATH"] = str(ROOT) + ":" + env.get("PYTHONPATH", "")
-    p = Proc([sys.executable, str(script), str(classes), str(port)], work / f"canned-{port}.log", env)
+    p = Proc([sys.executable, str(script), str(classes), str(port), mode], work / f"canned-{port}.log", env)
     deadline = time.monotonic() + 30
     while "ready" not in p.log_path.read_text() and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -639,15 +666,24 @@ def main(argv: list[str] | None = None) -> int:
             floor.pop("_lat")
             entry["canned_http_floor"] = floor
             canned.stop()
-            if "grpc" in protocols:
-                canned, canned_url = start_canned(m["classes"], work, "grpc")
+            for floor_key, mode in GRPC_FLOORS.items() if "grpc" in protocols else ():
+                canned, canned_url = start_canned(m["classes"], work, "grpc", mode)
                 procs.append(canned)
-                cpu0 = tree_cpu_s(canned.proc.pid)
-                floor = run_load(canned_url, m["name"], x, 1, min(duration, 3.0), warm, "grpc")
-                floor.pop("_lat")
-                floor["server_cpu_ms_per_request"] = round(
-                    1e3 * (tree_cpu_s(canned.proc.pid) - cpu0) / max(1, floor["requests"] + warm), 4)
-                entry["canned_grpc_floor"] = floor
+                floors: dict[str, Any] = {"server": mode}
+                for conc in (1, 8):  # x8 too: where the transport's CPU per call bounds throughput
+                    cpu0 = tree_cpu_s(canned.proc.pid)
+                    floor = run_load(canned_url, m["name"], x, conc, min(duration, 3.0), warm, "grpc")
+                    floor.pop("_lat")
+                    floor["server_cpu_ms_per_request"] = round(
+                        1e3 * (tree_cpu_s(canned.proc.pid) - cpu0) / max(1, floor["requests"] + conc * warm), 4)
+                    if conc == 1:
+                        floors.update(floor)
+                    else:
+                        floors["x8"] = floor
+                entry[floor_key] = floors
+                print(f"[{key}] canned gRPC {mode}: x1 {floors['throughput_rps']} req/s p50 {floors['p50_ms']} ms "
+                      f"({floors['server_cpu_ms_per_request']} ms CPU/req), x8 {floors['x8']['throughput_rps']} req/s "
+                      f"({floors['x8']['server_cpu_ms_per_request']} ms CPU/req)", flush=True)
                 canned.stop()
             targets: list[tuple[Any, ...]] = []
             if "http" in protocols:
@@ -711,8 +747,9 @@ def main(argv: list[str] | None = None) -> int:
 def _finish_entry(entry: dict[str, Any]) -> dict[str, Any]:
     """Add the p50 overheads over in-process ONNX Runtime at 1 client, per server and protocol."""
     ov: dict[str, Any] = {"canned_http_floor": round(entry["canned_http_floor"]["p50_ms"], 4)}
-    if "canned_grpc_floor" in entry:
-        ov["canned_grpc_floor"] = round(entry["canned_grpc_floor"]["p50_ms"], 4)
+    for floor_key in GRPC_FLOORS:
+        if floor_key in entry:
+            ov[floor_key] = round(entry[floor_key]["p50_ms"], 4)
     for r in entry["runs"]:
         if r["concurrency"] == 1:
             name = "triton" if r["server"].startswith("triton") else "cuvil-edged"

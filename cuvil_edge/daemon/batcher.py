@@ -179,8 +179,31 @@ class Batcher:
         self.loop.call_soon(self._flush_inline)
         return True
 
+    def run_now(self, p: Pending) -> bool:
+        """Run ``p`` at once on the calling (loop) thread if the batcher is idle; True if it ran,
+        and then ``p.deliver`` has been called already, before this returns.
+
+        :meth:`run_inline` without its flush: for a caller that awaits its own request (a gRPC
+        unary call) and can take the answer synchronously, it saves the loop iteration of the
+        ``call_soon`` and the wake-up of a future (the tiny CNN over gRPC: about a tenth of the
+        daemon's time per call). A request that finds a batch forming or queued work takes
+        :meth:`run_inline` or the workers, as before, so batching under load is unchanged.
+        """
+        if not self.inline_ok or self._inline is not None:
+            return False
+        with self._cond:
+            if self._queue or self._active or self._stopping:
+                return False
+            self._active += 1
+        self._run_here([p])
+        return True
+
     def _flush_inline(self) -> None:
         batch, self._inline = self._inline or [], None
+        self._run_here(batch)
+
+    def _run_here(self, batch: list[Pending]) -> None:
+        """Execute a batch reserved on the loop thread (``_active`` taken), free it, deliver."""
         now_ns = time.perf_counter_ns()
         for p in batch:
             p.queue_ns = now_ns - p.enqueued

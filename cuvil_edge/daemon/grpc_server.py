@@ -189,7 +189,8 @@ def _decode(req: Any, inst: ModelInstance, shm: SharedMemoryRegistry | None,
         for d in shape:
             count *= d
         dtype = spec.dtype
-        region = shm_params(_params(item.parameters), f"input '{name}'")
+        # Most requests carry no parameters: skip building the dict and the message for them.
+        region = shm_params(_params(item.parameters), f"input '{name}'") if item.parameters else None
         if region is not None:
             if shm is None:
                 raise _bad("system shared memory is not enabled on this daemon")
@@ -571,8 +572,10 @@ class GrpcFrontend:
 
     # ------------------------------------------------------------------ inference
 
-    def _submit(self, req: Any, deliver: Callable[[Pending], None], received: float) -> Pending:
-        """Admit, decode and queue one request; ``deliver`` runs on the loop with the outcome.
+    def _submit(self, req: Any, deliver: Callable[[Pending], None], received: float,
+                at_once: bool = False) -> Pending:
+        """Admit, decode and queue one request; ``deliver`` runs on the loop with the outcome
+        (``at_once``: possibly before this returns, see :meth:`InferenceCore.enqueue`).
 
         Raises:
             RpcFailure: refused before it reached a batcher.
@@ -594,7 +597,7 @@ class GrpcFrontend:
         out_list: list[tuple[str, int, OutputTarget | None]] = (
             outputs if outputs is not None else [(s, 0, None) for s in inst.output_specs])
         return self.core.enqueue(inst, arrays, n, wanted, deliver, self._encoder(inst, out_list, req.id),
-                                (inst, received))
+                                (inst, received), at_once)
 
     @staticmethod
     def _encoder(inst: ModelInstance, out_list: list[tuple[str, int, OutputTarget | None]],
@@ -662,7 +665,9 @@ class GrpcFrontend:
         self.state.inflight += 1
         try:
             try:
-                p = self._submit(req, deliver, received)
+                # A unary call awaits its one answer: a model that runs inline answers before
+                # _submit returns, and the await below does not give up the loop.
+                p = self._submit(req, deliver, received, at_once=True)
             except RpcFailure as exc:
                 self.count("ModelInfer", exc.code)
                 await context.abort(exc.code, str(exc), exc.trailing)

@@ -269,11 +269,14 @@ class InferenceCore:
 
     @staticmethod
     def enqueue(inst: ModelInstance, arrays: dict[str, np.ndarray], n: int, wanted: list[str] | None,
-               deliver: Callable[[Pending], None], encode: Callable[[Pending], Any], ctx: Any) -> Pending:
+               deliver: Callable[[Pending], None], encode: Callable[[Pending], Any], ctx: Any,
+               at_once: bool = False) -> Pending:
         """Queue a decoded, checked request on its model's batcher; ``deliver`` runs on the loop
-        with the outcome, which the codec passes to :meth:`settle`."""
+        with the outcome, which the codec passes to :meth:`settle`. With ``at_once`` a model fast
+        enough to run inline on an idle batcher runs before this returns, ``deliver`` included
+        (for a codec that awaits the one answer, so nothing needs the loop's next iteration)."""
         p = Pending(arrays, n, batch_key(inst, arrays), wanted, deliver, encode, ctx)
-        inst.submit(p)
+        inst.submit(p, at_once)
         return p
 
     @staticmethod

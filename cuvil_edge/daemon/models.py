@@ -320,12 +320,17 @@ class ModelInstance:
         cap = self.batch_limit or max(1, self.max_batch)
         return cap if pressure_cap is None else max(1, min(cap, pressure_cap))
 
-    def submit(self, p: Pending) -> None:
-        """Run or queue a request (loop thread); ``p.deliver`` gets the outcome."""
+    def submit(self, p: Pending, at_once: bool = False) -> None:
+        """Run or queue a request (loop thread); ``p.deliver`` gets the outcome.
+
+        ``at_once``: the caller accepts ``p.deliver`` being called before this returns
+        (:meth:`Batcher.run_now`); otherwise it always runs later, on the loop or a worker."""
         self.inflight += 1
         self.last_used = time.monotonic()
         b = self.batcher
         assert b is not None
+        if at_once and b.run_now(p):
+            return
         if not b.run_inline(p):
             b.submit(p)
 

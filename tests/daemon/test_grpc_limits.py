@@ -7,6 +7,7 @@ also proves the checked-in ``grpc_service_pb2_grpc`` works) against the real dae
 from __future__ import annotations
 
 import socket
+import threading
 import time
 
 import grpc
@@ -316,3 +317,27 @@ def test_grpc_connections_over_max_connections_are_closed_before_a_byte_is_read(
             s.close()
         if extra is not None:
             extra.close()
+
+
+def test_a_call_whose_first_message_never_comes_ends_deadline_exceeded(store, daemon_factory, digits_data):
+    """The guard's read timeout (a timer on the call's task, not asyncio.wait_for): a stream that
+    sends nothing ends DEADLINE_EXCEEDED naming --request-timeout, and the call after it is served."""
+    d = daemon_factory(store, "--request-timeout", "1")
+    hold = threading.Event()
+
+    def nothing():
+        hold.wait(10)
+        return
+        yield  # a generator that sends no message
+
+    with grpc.insecure_channel(d.grpc_url) as ch:
+        stream = ch.stream_stream("/inference.GRPCInferenceService/ModelStreamInfer")
+        t0 = time.monotonic()
+        with pytest.raises(grpc.RpcError) as silent:
+            list(stream(nothing(), timeout=20))
+        hold.set()
+        assert silent.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        assert "--request-timeout" in silent.value.details()
+        assert 0.9 < time.monotonic() - t0 < 8
+        ok = GRPCInferenceServiceStub(ch).ModelInfer(_request(digits_data[:1]), timeout=30)
+        assert len(ok.raw_output_contents[0]) == 40
