@@ -99,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
         generate_keypair(work / "sign.key", work / "sign.pub")
         client = work / "client_ed25519"
         make_key(client)
-        import asyncssh
+        from cuvil_edge.deploy._asyncssh import asyncssh
 
         pub = asyncssh.read_private_key(str(client)).export_public_key().decode().strip()
         bundle = make_engine_bundle(work / "digits.cvb", work / "sign.key", "1.0.0", build_digits_cnn())

@@ -33,7 +33,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import asyncssh
+from cuvil_edge.deploy._asyncssh import asyncssh
 
 from cuvil_edge.bundle import Manifest, verify_bundle
 from cuvil_edge.bundle.container import MANIFEST_NAME, iter_member_bytes

@@ -33,7 +33,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import asyncssh
+from cuvil_edge.deploy._asyncssh import asyncssh
 
 from cuvil_edge.bundle.engine_key import EngineKey
 from cuvil_edge.bundle.engine_plan import validate_plan

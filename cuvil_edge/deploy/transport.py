@@ -32,7 +32,7 @@ from collections.abc import AsyncIterator, Coroutine, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
-import asyncssh
+from cuvil_edge.deploy._asyncssh import asyncssh
 
 from cuvil_edge.deploy.transport_base import (
     DEFAULT_STORE,

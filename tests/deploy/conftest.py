@@ -77,7 +77,7 @@ class Lab:
 
 
 def _client_pub(key: Path) -> str:
-    import asyncssh
+    from cuvil_edge.deploy._asyncssh import asyncssh
 
     return asyncssh.read_private_key(str(key)).export_public_key().decode().strip()
 

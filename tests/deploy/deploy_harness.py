@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import asyncssh
+from cuvil_edge.deploy._asyncssh import asyncssh
 
 from cuvil_edge.deploy.transport import DeviceAddress
 

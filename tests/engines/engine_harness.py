@@ -118,7 +118,7 @@ class Board:
         self.known_hosts = workdir / "known_hosts"
 
     def device(self, name: str, daemon: bool = True, kind: str = "orin-nano-jp62") -> SshDevice:
-        import asyncssh
+        from cuvil_edge.deploy._asyncssh import asyncssh
 
         pub = asyncssh.read_private_key(str(self.keys["client"])).export_public_key().decode().strip()
         dev = start_sshd(self.workdir, name, pub)
