@@ -611,8 +611,10 @@ class App:
         rid = doc.get("id")
         wanted = [o[0] for o in outputs] if outputs is not None else None
         out_list = outputs if outputs is not None else [(s, binary_out, 0, None) for s in inst.output_specs]
-        req.state = self.core.enqueue(inst, arrays, n, wanted, self._deliver, self._encoder(inst, out_list, rid),
-                                     (req, inst))
+        # The pending entry is not kept on the request: request -> entry -> (request, ...) was a
+        # reference cycle that held every body (600 KB for EfficientNet-Lite0) until a full garbage
+        # collection, 80 MB after 400 requests.
+        self.core.enqueue(inst, arrays, n, wanted, self._deliver, self._encoder(inst, out_list, rid), (req, inst))
 
     def _decompress(self, body: bytes | bytearray, enc: bytes) -> bytes:
         wbits = 31 if enc == b"gzip" else 15

@@ -417,13 +417,15 @@ class Server:
     def tick(self) -> None:
         """One serving-loop tick: idle sweep, telemetry and scheduler, watchdog."""
         now = time.monotonic()
-        for conn in list(self.state.connections):
-            conn.sweep(now)
         if self.state.trim_wanted:
             # Answers of a few MiB live in the C heap's arenas, not in their own mappings: freed,
-            # they stay in the process until the heap is trimmed.
+            # they stay in the process until the heap is trimmed. Trimmed a tick after the drop
+            # was asked for: a connection the sweep below aborts frees its answer only when the
+            # loop runs its connection_lost, after this tick (trimmed at once, that answer stayed).
             self.state.trim_wanted = False
             trim_heap()
+        for conn in list(self.state.connections):
+            conn.sweep(now)
         instances = self.registry.instances() if self.registry else []
         self.resources.tick(instances)
         oldest_s = 0.0
