@@ -118,7 +118,16 @@ class OrtBackend(Backend):
         if not model.is_file():
             raise ModelError(f"{model}: the bundle's model file is missing (manifest field 'model')")
         name = f"{manifest.name or model.stem}:{manifest.version or '?'}"
-        return cls(model, options=options, name=name, exact_qdq=manifest.format_kind == "tensorrt")
+        backend = cls(model, options=options, name=name, exact_qdq=manifest.format_kind == "tensorrt")
+        # The manifest's specs until the session has its own: the footprint estimate made before
+        # activation needs them, and reading them from the graph imported onnx into the daemon
+        # (10.5 MB resident, for a number the manifest already holds).
+        try:
+            backend._inputs = [TensorSpec.from_manifest(e) for e in manifest.inputs]
+            backend._outputs = [TensorSpec.from_manifest(e) for e in manifest.outputs]
+        except (KeyError, TypeError, ValueError):
+            backend._inputs, backend._outputs = [], []  # read from the graph when asked
+        return backend
 
     def providers(self) -> list[Any]:
         """The execution providers this backend asks for, in priority order."""
