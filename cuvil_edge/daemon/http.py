@@ -80,8 +80,8 @@ class Request:
         body (bytes): the whole body.
         received (float): ``time.perf_counter()`` when the body completed.
         cancelled (bool): the client went away before the answer.
-        state (Any): room for the handler (nothing that refers back to the request: a cycle
-            keeps the body alive until a full garbage collection).
+        state (Any): room for the handler (the infer path keeps its pending entry here, and clears
+            it when the entry is delivered: a cycle keeps the body alive until a full collection).
     """
 
     __slots__ = ("method", "path", "query", "headers", "body", "keep_alive", "received",
