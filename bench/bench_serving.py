@@ -288,7 +288,27 @@ async def main():
     print("ready", flush=True)
     await server.wait_for_termination()
 
-if mode == "sync":
+async def main_cq():  # cuvil-edged's transport (daemon/grpc_cq.py), no policy, no model
+    from cuvil_edge.daemon.grpc_cq import CompletionQueueServer, message_of
+
+    def on_call(call):
+        def received(event):
+            raw = message_of(event)
+            if raw is not None:
+                parse(raw)
+                call.finish(0, message=blob)
+
+        call.receive(received)
+
+    server = CompletionQueueServer(asyncio.get_running_loop(), (), on_call)
+    server.bind(f"127.0.0.1:{port}")
+    server.start()
+    print("ready", flush=True)
+    await asyncio.Event().wait()
+
+if mode == "cq":
+    asyncio.run(main_cq())
+elif mode == "sync":
     server = grpc.server(futures.ThreadPoolExecutor(8))
     server.add_generic_rpc_handlers((Handlers(),))
     server.add_insecure_port(f"127.0.0.1:{port}")
@@ -299,11 +319,12 @@ else:
     asyncio.run(main())
 '''
 
-# The canned gRPC servers: grpc.aio with a unary handler, grpc.aio with the stream handler that
-# cuvil-edged's guard (daemon/grpc_guard.py) puts in front of every call, and grpcio's sync server
-# with a thread pool. Each answers every call with the same bytes: what the transport alone costs.
+# The canned gRPC servers: grpc.aio with a unary handler, grpc.aio with a stream handler that reads
+# its one message itself (how cuvil-edged ran on grpc.aio before its completion-queue transport,
+# daemon/grpc_cq.py), grpcio's sync server with a thread pool, and that completion-queue transport
+# itself. Each answers every call with the same bytes: what the transport alone costs.
 GRPC_FLOORS = {"canned_grpc_floor": "aio-unary", "canned_grpc_stream_floor": "aio-stream",
-               "canned_grpc_sync_floor": "sync"}
+               "canned_grpc_sync_floor": "sync", "canned_grpc_cq_floor": "cq"}
 
 
 def start_canned(classes: int, work: Path, protocol: str = "http", mode: str = "aio-unary") -> tuple[Proc, str]:

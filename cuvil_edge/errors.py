@@ -29,8 +29,7 @@ traceback::
     │   ├── MemoryBudgetError        daemon/scheduler/memory.py: over the memory budget
     │   ├── SharedMemoryError        daemon/shm.py: a shared-memory request the client must fix
     │   ├── JsonRefused              daemon/limits.py: a JSON body refused (too big, deep, malformed); also a ValueError
-    │   ├── RpcFailure               daemon/grpc_server.py: an RPC answered with a gRPC error status
-    │   ├── _Refused                 daemon/grpc_guard.py: a call the transport guard ends (slot, budget, timeout)
+    │   ├── RpcFailure               daemon/grpc_calls.py: an RPC answered with a gRPC error status
     │   └── CudaInitError            runtime/cuda_standin.py: the CUDA-init stand-in could not open a GPU node
     ├── DeployError          transport, device check, health gate, rollback
     │   ├── Unreachable              deploy/transport.py: network, auth or host key

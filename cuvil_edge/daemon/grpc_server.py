@@ -1,23 +1,25 @@
-"""KServe v2 over gRPC: Triton's ``inference.GRPCInferenceService`` on the daemon's event loop.
+"""KServe v2 over gRPC: Triton's ``inference.GRPCInferenceService``, served from the daemon's event loop.
 
 Stock ``tritonclient.grpc`` (sync, aio, and the bidirectional ``ModelStreamInfer`` stream) talks
 to it unchanged: the messages are Triton's (``cuvil_edge/daemon/proto``). It is a second front
-end on the same objects as HTTP, not a second server: ``grpc.aio`` runs on the daemon's asyncio
-loop, requests go to the same :class:`~cuvil_edge.daemon.models.ModelRegistry` and batchers
+end on the same objects as HTTP, not a second server: its calls are handled on the daemon's
+asyncio loop (the transport, :mod:`cuvil_edge.daemon.grpc_cq`, drives grpc core's completion
+queue), requests go to the same :class:`~cuvil_edge.daemon.models.ModelRegistry` and batchers
 (HTTP and gRPC requests batch together), through the same memory-pressure check (refusals are
 ``RESOURCE_EXHAUSTED`` with ``retry-after`` seconds and ``grpc-retry-pushback-ms`` in the
 trailing metadata) and the same bearer token (``authorization: Bearer <token>`` metadata; the
 scheme is case-insensitive). Health RPCs stay open, as ``/v2/health/*`` does over HTTP.
 
-Untrusted input costs little: the token is checked when the call starts, from its metadata,
-before the request message is read (a refused call never reads its body); messages over
-``--grpc-max-message-mb`` (default: ``--max-body-mb``) are refused by gRPC's core from the
+Untrusted input costs little (:mod:`cuvil_edge.daemon.grpc_calls` has the rules): the token is
+checked when the call starts, from its metadata, before the request message is read; messages
+over ``--grpc-max-message-mb`` (default: ``--max-body-mb``) are refused by gRPC's core from the
 length prefix; HTTP/2 streams per connection, calls in progress and requests in flight per
 stream are bounded.
 
 Tensors travel in ``raw_input_contents`` / ``raw_output_contents`` (as tritonclient sends them),
 in typed ``contents``, or in system shared memory (:mod:`cuvil_edge.daemon.shm`). The answer is
-serialized in the batcher's worker thread, so the loop only moves bytes.
+serialized where the batch ran (a worker thread, or the loop for a model that runs inline), so
+the loop only moves bytes.
 """
 
 from __future__ import annotations
@@ -28,8 +30,7 @@ import hmac
 import logging
 import re
 import stat
-import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +42,8 @@ from cuvil_edge import __version__
 from cuvil_edge.daemon.accept import connection_cap
 from cuvil_edge.daemon.batcher import Pending
 from cuvil_edge.daemon.config import Config
-from cuvil_edge.daemon.grpc_guard import WINDOW, GuardedHandlers
+from cuvil_edge.daemon.grpc_calls import WINDOW, CallPolicy, Malformed, Method, RpcFailure, parser_for
+from cuvil_edge.daemon.grpc_cq import CompletionQueueServer, check_core
 from cuvil_edge.daemon.infer import (
     BadRequest,
     InferenceCore,
@@ -54,7 +56,6 @@ from cuvil_edge.daemon.infer import (
     serialize_bytes,
 )
 from cuvil_edge.daemon.kserve import EXTENSIONS, App, model_config_doc, model_metadata_doc
-from cuvil_edge.daemon.limits import MAX_ERROR, printable
 from cuvil_edge.daemon.models import ModelInstance, UnknownModel
 from cuvil_edge.daemon.proto import grpc_service_pb2 as pb
 from cuvil_edge.daemon.proto import model_config_pb2 as config_pb
@@ -75,11 +76,8 @@ access = logging.getLogger("cuvil_edge.daemon.access")  # --access-log
 
 DEFAULT_GRPC_PORT = 8001  # Triton's
 SERVICE = "inference.GRPCInferenceService"
-_OPEN_METHODS = frozenset({f"/{SERVICE}/ServerLive", f"/{SERVICE}/ServerReady"})
+_OPEN_METHODS = frozenset({"ServerLive", "ServerReady"})
 _BEARER = re.compile(rb"^bearer[ \t]+(\S+)[ \t]*$", re.IGNORECASE)
-STREAM_MAX_INFLIGHT = 64  # requests of one ModelStreamInfer stream in flight at once
-STREAM_MAX_BYTES = 64 << 20  # and their request bytes (at least one message always fits)
-STREAM_MAX_ANSWER_BYTES = 16 << 20  # answers of one stream waiting for the client, with those in flight
 
 # InferTensorContents field per KServe datatype (FP16/BF16 travel raw only).
 _CONTENTS_FIELD = {
@@ -87,18 +85,6 @@ _CONTENTS_FIELD = {
     "INT64": "int64_contents", "UINT8": "uint_contents", "UINT16": "uint_contents", "UINT32": "uint_contents",
     "UINT64": "uint64_contents", "FP32": "fp32_contents", "FP64": "fp64_contents", "BYTES": "bytes_contents",
 }
-
-
-class RpcFailure(DaemonError):
-    """An RPC answered with a gRPC error status (``code``), message and trailing metadata."""
-
-    def __init__(self, code: grpc.StatusCode, message: str,
-                 trailing: tuple[tuple[str, str], ...] = ()) -> None:
-        # Messages quote what the client sent (a shape, a name): bounded, so a 2M-dimension shape
-        # is a short error and not a 6 MB trailer the client refuses to read.
-        super().__init__(printable(message, MAX_ERROR))
-        self.code = code
-        self.trailing = trailing
 
 
 _HTTP_TO_GRPC = {400: grpc.StatusCode.INVALID_ARGUMENT, 401: grpc.StatusCode.UNAUTHENTICATED,
@@ -241,44 +227,6 @@ def _decode(req: Any, inst: ModelInstance, shm: SharedMemoryRegistry | None,
     return arrays, n, outputs
 
 
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while True:
-        b = n & 0x7F
-        n >>= 7
-        if n:
-            out.append(b | 0x80)
-        else:
-            out.append(b)
-            return bytes(out)
-
-
-def _as_stream_response(infer_response: bytes) -> bytes:
-    """``ModelStreamInferResponse{infer_response: <bytes>}`` without parsing them again (field 2)."""
-    return b"\x12" + _varint(len(infer_response)) + infer_response
-
-
-def _identity(b: bytes) -> bytes:
-    return b
-
-
-class _Malformed:
-    """Stands for a request message that does not parse (answered INVALID_ARGUMENT, not UNKNOWN)."""
-
-    def __init__(self, type_name: str, exc: Exception) -> None:
-        self.message = f"malformed {type_name} message: {exc}"
-
-
-def _parser(message_type: Any) -> Callable[[bytes], Any]:
-    def parse(data: bytes) -> Any:
-        try:
-            return message_type.FromString(data)
-        except Exception as exc:  # protobuf's DecodeError, or worse on hostile bytes
-            return _Malformed(message_type.DESCRIPTOR.name, exc)
-
-    return parse
-
-
 class GrpcFrontend:
     """The gRPC front end of one daemon.
 
@@ -296,13 +244,13 @@ class GrpcFrontend:
         self.shm = shm
         token = config.token
         self.token = token.encode() if token else None
-        self.server: grpc.aio.Server | None = None
+        self.server: CompletionQueueServer | None = None
         self.bound: str | None = None
         self.uds: Path | None = None
         self.calls: dict[tuple[str, str], int] = {}  # (method, status code) -> count
-        self.guard: GuardedHandlers | None = None  # set by _Handlers
+        self.policy: CallPolicy | None = None  # set by start()
         self.core: InferenceCore = app.core
-        self._handlers = self._build_handlers()
+        self.methods = self._methods()
 
     # ------------------------------------------------------------------ limits and binding
 
@@ -358,19 +306,22 @@ class GrpcFrontend:
                     raise DaemonError(f"--grpc-uds {path}: exists and is not a socket; remove it or pick another path")
                 path.unlink()
             self.uds = path
-        # Calls in progress are counted by the guard (grpc_guard.py), not by grpcio's
-        # maximum_concurrent_rpcs, which counts half-open health streams and answers INTERNAL.
-        self.server = grpc.aio.server(options=self.server_options())
-        self.server.add_generic_rpc_handlers((_Handlers(self),))
+        # Calls in progress are counted by the call policy (grpc_calls.py), not by grpc core's
+        # max_concurrent_streams alone, which counts half-open health streams too.
+        check_core()
+        self.policy = CallPolicy(self, self.methods, int(self.config.grpc_max_rpcs))
+        self.server = CompletionQueueServer(asyncio.get_running_loop(), self.server_options(), self.policy.on_call)
+        server = self.server
+        self.policy.burst = lambda: server.more
         try:
-            port = self.server.add_insecure_port(address)
+            port = self.server.bind(address)
         except RuntimeError as exc:
             raise DaemonError(f"cannot listen for gRPC on {address}: {exc}; pick another --grpc-port "
                               "or turn gRPC off with --grpc 0") from exc
         if port == 0 and self.uds is None:
             raise DaemonError(f"cannot listen for gRPC on {address}: the port is in use or the address is "
                               "not local; pick another --grpc-port or turn gRPC off with --grpc 0")
-        await self.server.start()
+        self.server.start()
         if self.uds is not None:
             with contextlib.suppress(OSError):
                 self.uds.chmod(0o660)
@@ -416,7 +367,8 @@ class GrpcFrontend:
         except UnknownModel as exc:
             raise RpcFailure(grpc.StatusCode.NOT_FOUND, str(exc)) from None
 
-    def _build_handlers(self) -> dict[str, grpc.RpcMethodHandler]:
+    def _methods(self) -> dict[bytes, Method]:
+        """Every RPC of Triton's service that the daemon serves, by full path, with its kind."""
         unary = {
             "ServerLive": (pb.ServerLiveRequest, self.server_live),
             "ServerReady": (pb.ServerReadyRequest, self.server_ready),
@@ -435,34 +387,11 @@ class GrpcFrontend:
             "CudaSharedMemoryRegister": (pb.CudaSharedMemoryRegisterRequest, self.cuda_shm),
             "CudaSharedMemoryUnregister": (pb.CudaSharedMemoryUnregisterRequest, self.cuda_shm),
         }
-        table: dict[str, grpc.RpcMethodHandler] = {}
-        for name, (request_type, fn) in unary.items():
-            table[f"/{SERVICE}/{name}"] = grpc.unary_unary_rpc_method_handler(
-                self._unary(name, fn), request_deserializer=_parser(request_type),
-                response_serializer=lambda m: m.SerializeToString())
-        table[f"/{SERVICE}/ModelInfer"] = grpc.unary_unary_rpc_method_handler(
-            self.model_infer, request_deserializer=_parser(pb.ModelInferRequest),
-            response_serializer=_identity)
-        table[f"/{SERVICE}/ModelStreamInfer"] = grpc.stream_stream_rpc_method_handler(
-            self.model_stream_infer, request_deserializer=_parser(pb.ModelInferRequest),
-            response_serializer=_identity)
-        return table
-
-    def _unary(self, name: str, fn: Callable[[Any], Any]) -> Callable[[Any, Any], Any]:
-        async def call(request: Any, context: grpc.aio.ServicerContext) -> Any:
-            try:
-                if isinstance(request, _Malformed):
-                    raise RpcFailure(grpc.StatusCode.INVALID_ARGUMENT, request.message)
-                result = fn(request)
-                if asyncio.iscoroutine(result):
-                    result = await result
-            except RpcFailure as exc:
-                self.count(name, exc.code)
-                await context.abort(exc.code, str(exc), exc.trailing)
-            self.count(name, grpc.StatusCode.OK)
-            return result
-
-        return call
+        infer = parser_for(pb.ModelInferRequest)
+        methods = [Method(name, "open" if name in _OPEN_METHODS else "unary", parser_for(request_type), fn)
+                   for name, (request_type, fn) in unary.items()]
+        methods += [Method("ModelInfer", "infer", infer), Method("ModelStreamInfer", "stream", infer)]
+        return {f"/{SERVICE}/{m.name}".encode(): m for m in methods}
 
     # ------------------------------------------------------------------ health and metadata
 
@@ -572,15 +501,15 @@ class GrpcFrontend:
 
     # ------------------------------------------------------------------ inference
 
-    def _submit(self, req: Any, deliver: Callable[[Pending], None], received: float,
-                at_once: bool = False) -> Pending:
+    def submit(self, req: Any, deliver: Callable[[Pending], None], received: float,
+               at_once: bool = False) -> Pending:
         """Admit, decode and queue one request; ``deliver`` runs on the loop with the outcome
         (``at_once``: possibly before this returns, see :meth:`InferenceCore.enqueue`).
 
         Raises:
             RpcFailure: refused before it reached a batcher.
         """
-        if isinstance(req, _Malformed):
+        if isinstance(req, Malformed):
             raise RpcFailure(grpc.StatusCode.INVALID_ARGUMENT, req.message)
         try:
             inst = self.core.admit_request(req.model_name, req.model_version or None)
@@ -636,7 +565,7 @@ class GrpcFrontend:
 
         return encode
 
-    def _finish(self, p: Pending) -> tuple[bytes | None, RpcFailure | None]:
+    def finish_request(self, p: Pending) -> tuple[bytes | None, RpcFailure | None]:
         """Account one delivered request (loop thread); the answer bytes or the failure."""
         inst, received = p.ctx
         out: Outcome = self.core.settle(p, inst, received)
@@ -646,162 +575,6 @@ class GrpcFrontend:
             return None, RpcFailure(_HTTP_TO_GRPC.get(out.status, grpc.StatusCode.INTERNAL), out.message)
         return out.body, None
 
-    async def model_infer(self, req: Any, context: grpc.aio.ServicerContext) -> bytes:
-        received = time.perf_counter()
-        loop = asyncio.get_running_loop()
-        done: asyncio.Future[Pending] = loop.create_future()
-
-        def deliver(p: Pending) -> None:
-            if not done.done():
-                done.set_result(p)
-
-        # The HTTP side's cap on request bytes held at once (--max-buffered-mb) counts gRPC messages
-        # too, from arrival to answer; beyond it the call is refused with a retry hint.
-        size = 0 if isinstance(req, _Malformed) else req.ByteSize()
-        if not self.state.reserve(size):
-            self.state.refused["buffered"] = self.state.refused.get("buffered", 0) + 1
-            self.count("ModelInfer", grpc.StatusCode.RESOURCE_EXHAUSTED)
-            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, _BUFFERED_FULL, (("retry-after", "1"),))
-        self.state.inflight += 1
-        try:
-            try:
-                # A unary call awaits its one answer: a model that runs inline answers before
-                # _submit returns, and the await below does not give up the loop.
-                p = self._submit(req, deliver, received, at_once=True)
-            except RpcFailure as exc:
-                self.count("ModelInfer", exc.code)
-                await context.abort(exc.code, str(exc), exc.trailing)
-            try:
-                await done
-            except asyncio.CancelledError:
-                p.cancelled = True  # the batcher skips it if it has not run yet
-                self.state.client_gone += 1
-                raise
-            body, failure = self._finish(p)
-            if failure is not None:
-                self.count("ModelInfer", failure.code)
-                await context.abort(failure.code, str(failure))
-            self.count("ModelInfer", grpc.StatusCode.OK)
-            return body  # type: ignore[return-value]
-        finally:
-            self.state.inflight -= 1
-            self.state.release(size)
-
-    async def model_stream_infer(self, requests: AsyncIterator[Any],
-                                 context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
-        """Bidirectional stream: answers in completion order, each carrying its request's id.
-
-        An error answers that request with ``error_message`` and the stream goes on, as Triton.
-        At most ``STREAM_MAX_INFLIGHT`` requests and ``STREAM_MAX_BYTES`` of request messages of
-        one stream are in flight (inputs are read in place from the messages, so they stay alive
-        until the answer), and answers waiting for the client plus those in flight (sized by the
-        largest answer so far; one request at a time until the first answer) stay within
-        ``STREAM_MAX_ANSWER_BYTES``; beyond that the stream is not read, and HTTP/2 flow control
-        holds the client back. Across streams, ``--max-buffered-mb`` counts each request's expected
-        answer from its admission and each answer until the client has taken it (16 streams not
-        read used to hold 16 x 16 MiB whatever the budget).
-        """
-        if not self.authorized(context.invocation_metadata()):  # belt and braces: _Handlers checks first
-            await context.abort(grpc.StatusCode.UNAUTHENTICATED, _UNAUTHENTICATED)
-        answers: asyncio.Queue[bytes | None] = asyncio.Queue()
-        live: dict[Pending, tuple[int, int]] = {}  # in flight -> its message bytes, its answer's reservation
-        held = [0]  # message bytes in flight
-        queued = [0, 0]  # answer bytes waiting for the client; the largest answer so far
-        room = asyncio.Event()
-        outstanding = 0
-        ended = False
-
-        def answer(item: bytes) -> None:
-            if ended:
-                return  # a late delivery: nobody will take it
-            self.state.hold(len(item))  # counted until the guard writes it (which counts it then)
-            queued[0] += len(item)
-            queued[1] = max(queued[1], len(item))
-            answers.put_nowait(item)
-
-        def deliver(p: Pending) -> None:
-            size, expect = live.pop(p, (0, 0))  # nothing after the stream ended: released then
-            held[0] -= size
-            self.state.release(size + expect)
-            room.set()
-            body, failure = self._finish(p)
-            if failure is not None:
-                self.count("ModelStreamInfer", failure.code)
-                answer(pb.ModelStreamInferResponse(error_message=str(failure)).SerializeToString())
-            else:
-                self.count("ModelStreamInfer", grpc.StatusCode.OK)
-                answer(_as_stream_response(body))  # type: ignore[arg-type]
-
-        def full(size: int) -> bool:
-            if queued[0] >= STREAM_MAX_ANSWER_BYTES:
-                return True
-            if not live:
-                return False
-            if len(live) >= STREAM_MAX_INFLIGHT or held[0] + size > STREAM_MAX_BYTES or not queued[1]:
-                return True
-            return queued[0] + (len(live) + 1) * queued[1] > STREAM_MAX_ANSWER_BYTES
-
-        async def read() -> None:
-            nonlocal outstanding
-            try:
-                async for req in requests:
-                    size = 0 if isinstance(req, _Malformed) else req.ByteSize()
-                    while full(size):
-                        room.clear()
-                        await room.wait()
-                    guard = self.guard
-                    expect = 0 if guard is None or isinstance(req, _Malformed) else guard.expected_answer(req)
-                    if not (guard.reserve(size + expect) if guard else self.state.reserve(size)):  # --max-buffered-mb
-                        self.state.refused["buffered"] = self.state.refused.get("buffered", 0) + 1
-                        self.count("ModelStreamInfer", grpc.StatusCode.RESOURCE_EXHAUSTED)
-                        outstanding += 1
-                        self.state.inflight += 1
-                        answer(pb.ModelStreamInferResponse(error_message=_BUFFERED_FULL).SerializeToString())
-                        continue
-                    outstanding += 1
-                    self.state.inflight += 1
-                    try:
-                        # deliver runs later on this loop, never inside _submit: account first.
-                        live[self._submit(req, deliver, time.perf_counter())] = (size, expect)
-                        held[0] += size
-                    except RpcFailure as exc:
-                        self.state.release(size + expect)
-                        self.count("ModelStreamInfer", exc.code)
-                        answer(pb.ModelStreamInferResponse(error_message=str(exc)).SerializeToString())
-            finally:
-                answers.put_nowait(None)
-
-        reader = asyncio.ensure_future(read())
-        reading = True
-        try:
-            while reading or outstanding:
-                item = await answers.get()
-                if item is None:
-                    reading = False
-                    continue
-                outstanding -= 1
-                self.state.inflight -= 1
-                queued[0] -= len(item)
-                self.state.release(len(item))
-                room.set()
-                yield item
-        finally:
-            ended = True
-            reader.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await reader
-            for p, (size, expect) in live.items():
-                p.cancelled = True
-                self.state.release(size + expect)
-            live.clear()  # a late deliver() finds nothing to release twice
-            while not answers.empty():
-                left = answers.get_nowait()
-                if left is not None:
-                    self.state.release(len(left))
-            if outstanding:
-                self.state.inflight -= outstanding
-                self.state.client_gone += outstanding
-
     # ------------------------------------------------------------------ metrics
 
     def counters(self) -> dict[str, tuple[str, list[tuple[dict[str, str], Any]]]]:
@@ -809,47 +582,3 @@ class GrpcFrontend:
         return {"cuvil_grpc_requests_total": (
             "gRPC calls answered, by method and status code",
             [({"method": m, "code": c}, v) for (m, c), v in sorted(self.calls.items())])}
-
-
-_UNAUTHENTICATED = "missing or wrong bearer token: send metadata 'authorization: Bearer <token>'"
-_BUFFERED_FULL = "the daemon holds its limit of request bytes already (--max-buffered-mb); retry later"
-
-
-class _Handlers(grpc.GenericRpcHandler):
-    """Routes calls by method name; refuses unauthenticated calls before reading their message.
-
-    A refused call gets a *stream* handler that aborts at once: gRPC reads a request message only
-    when the handler asks for it, so the body of an unauthenticated call is never buffered or
-    parsed (a unary handler would receive the whole message first).
-    """
-
-    def __init__(self, frontend: GrpcFrontend) -> None:
-        self.frontend = frontend
-        guard = GuardedHandlers(frontend, int(frontend.config.grpc_max_rpcs))
-        frontend.guard = guard
-        self.guarded: dict[str, grpc.RpcMethodHandler] = {}
-        for method, handler in frontend._handlers.items():
-            name = method.rpartition("/")[2]
-            if method in _OPEN_METHODS:
-                self.guarded[method] = guard.open_call(name, handler)
-            elif handler.response_streaming:
-                self.guarded[method] = guard.stream_call(name, handler)
-            else:
-                self.guarded[method] = guard.unary_call(name, handler)
-
-    def service(self, details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler | None:
-        method = details.method
-        method = method.decode() if isinstance(method, bytes) else method
-        handler = self.guarded.get(method)
-        if handler is None:
-            return None  # UNIMPLEMENTED, as gRPC answers for an unknown method
-        if method in _OPEN_METHODS or self.frontend.authorized(details.invocation_metadata):
-            return handler
-        name = method.rpartition("/")[2]
-        frontend = self.frontend
-
-        async def refuse(_requests: Any, context: grpc.aio.ServicerContext) -> None:
-            frontend.count(name, grpc.StatusCode.UNAUTHENTICATED)
-            await context.abort(grpc.StatusCode.UNAUTHENTICATED, _UNAUTHENTICATED)
-
-        return grpc.stream_stream_rpc_method_handler(refuse)

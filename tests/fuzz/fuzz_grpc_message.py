@@ -24,7 +24,8 @@ import numpy as np
 from _harness import main  # the repository first on sys.path
 
 with atheris.instrument_imports(include=["cuvil_edge"]):
-    from cuvil_edge.daemon.grpc_server import RpcFailure, _Malformed, _parser, decode_grpc_infer
+    from cuvil_edge.daemon.grpc_calls import Malformed, RpcFailure, parser_for
+    from cuvil_edge.daemon.grpc_server import decode_grpc_infer
     from cuvil_edge.daemon.limits import MAX_ERROR
     from cuvil_edge.daemon.pipeline import IMAGE_INPUT
     from cuvil_edge.daemon.proto import grpc_service_pb2 as pb
@@ -51,7 +52,7 @@ _OBJECT = _ROOT / "fuzz-region"
 _OBJECT.write_bytes(bytes(range(256)) * (REGION_BYTES // 256))
 SHM = SharedMemoryRegistry(_ROOT, max_input_bytes=1 << 20)
 SHM.register("r", "/fuzz-region", 0, REGION_BYTES)
-PARSE = _parser(pb.ModelInferRequest)
+PARSE = parser_for(pb.ModelInferRequest)
 
 
 def test_one_input(data: bytes) -> None:
@@ -62,7 +63,7 @@ def test_one_input(data: bytes) -> None:
     inst = DIGITS if data[0] & 1 else IMAGES
     os.truncate(_OBJECT, (data[0] >> 1) * 64)
     req = PARSE(data[1:])
-    if isinstance(req, _Malformed):
+    if isinstance(req, Malformed):
         assert req.message.startswith("malformed ModelInferRequest")
         return
     try:
