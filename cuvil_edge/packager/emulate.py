@@ -26,6 +26,7 @@ FP16 kernels for float layers (``emulate_fp16`` does that separately) or its lay
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 
 import numpy as np
 import onnx
@@ -215,7 +216,12 @@ def emulate_qdq(model: onnx.ModelProto) -> onnx.ModelProto:
     return _Rewriter(model).run()
 
 
-def emulate_fp16(model: onnx.ModelProto, nodes: list[str]) -> onnx.ModelProto:
+def _rounded_inline(weight: onnx.TensorProto, name: str) -> onnx.TensorProto:
+    return numpy_helper.from_array(numpy_helper.to_array(weight).astype(np.float16).astype(np.float32), name)
+
+
+def emulate_fp16(model: onnx.ModelProto, nodes: list[str],
+                 rounded: Callable[[onnx.TensorProto, str], onnx.TensorProto] | None = None) -> onnx.ModelProto:
     """``nodes`` computed as FP16 layers store their values: weights and activations rounded to FP16.
 
     A stand-in for TensorRT's FP16 kernels: every weight of those nodes, every activation entering
@@ -223,6 +229,9 @@ def emulate_fp16(model: onnx.ModelProto, nodes: list[str]) -> onnx.ModelProto:
     (``Cast`` to FLOAT16 and back), while the arithmetic stays FP32. TensorRT's FP16 kernels may also
     accumulate in FP16 by tactic; storage rounding is the dominant FP16 error for convolutional
     networks, and this form runs at FP32 speed on any CPU (ONNX Runtime's x86 FP16 kernels do not).
+
+    ``rounded(weight, name)`` makes the rounded copy of a weight, named ``name`` (the mixed search's
+    ``WeightStore.fp16_rounded``, for weights kept outside the model); by default it is made inline.
     """
     wanted = set(nodes)
     if not wanted:
@@ -240,7 +249,8 @@ def emulate_fp16(model: onnx.ModelProto, nodes: list[str]) -> onnx.ModelProto:
 
     def is_float(name: str, first: bool) -> bool:
         return types.get(name, TensorProto.FLOAT if first else 0) == TensorProto.FLOAT
-    rounded: dict[str, str] = {}
+    done: dict[str, str] = {}
+    round_weight = rounded or _rounded_inline
     counter = 0
 
     def round_trip(name: str) -> tuple[str, list[onnx.NodeProto]]:
@@ -261,11 +271,10 @@ def emulate_fp16(model: onnx.ModelProto, nodes: list[str]) -> onnx.ModelProto:
             init = inits.get(name)
             if init is not None:
                 if init.data_type == TensorProto.FLOAT:
-                    if name not in rounded:
-                        value = numpy_helper.to_array(init).astype(np.float16).astype(np.float32)
-                        rounded[name] = f"{name}__fp16w"
-                        graph.initializer.append(numpy_helper.from_array(value, rounded[name]))
-                    node.input[i] = rounded[name]
+                    if name not in done:
+                        done[name] = f"{name}__fp16w"
+                        graph.initializer.append(round_weight(init, done[name]))
+                    node.input[i] = done[name]
             elif name not in made_by_fp16 and is_float(name, i == 0):
                 node.input[i], casts = round_trip(name)
                 new_nodes.extend(casts)

@@ -52,6 +52,7 @@ from cuvil_edge.packager.partial_quant import (
 from cuvil_edge.packager.tasks import TaskSpec, measure, search_error
 from cuvil_edge.packager.tasks import goal_failures as task_goal_failures
 from cuvil_edge.packager.validate import make_session, model_outputs_for, task_for
+from cuvil_edge.packager.weight_store import WeightStore
 from cuvil_edge.recipes import AccuracyGoal
 
 __all__ = ["Int8Form", "MixedResult", "Quantizer", "convert_fp16", "int8_form", "layer_groups", "match_nodes",
@@ -353,6 +354,9 @@ class Quantizer:
         self._tmp = tempfile.TemporaryDirectory(prefix="cuvil-quant-")
         self._dir = Path(self._tmp.name)
         self._prepared = self._prepare()
+        # The search's models refer to their weights here instead of carrying them (``weight_store``).
+        self._store = WeightStore(self._dir / "weights")
+        self._light_float: onnx.ModelProto | None = None
         self._cache = self._dir / "calibration.json"
         # Nodes always kept in float: the user's exclude patterns, then mixed-range nodes (calibrate()).
         self.exclude_patterns = list(exclude)
@@ -400,6 +404,12 @@ class Quantizer:
     def float_model(self) -> onnx.ModelProto:
         """The float model as the quantizer sees it (after ONNX Runtime's pre-processing)."""
         return onnx.load(str(self._prepared))
+
+    def _float_ref(self) -> onnx.ModelProto:
+        """``float_model`` with its weights in the store (loaded once): what the search's variants read."""
+        if self._light_float is None:
+            self._light_float = self._store.light(self.float_model)
+        return self._light_float
 
     def calibrate(self) -> None:
         """Collect activation ranges once (streaming) and store them as ONNX Runtime's calibration cache."""
@@ -495,6 +505,13 @@ class Quantizer:
             holdout (Dataset): samples the search never sees (calibration samples past ``data``),
                 on which candidates are compared; none: the first choice ships.
         """
+        result = self._mixed(data, kind, goal, reference, max_kept_fraction, kl_budget, holdout)
+        result.model = self._store.embedded(result.model)  # the search's models refer to the store
+        return result
+
+    def _mixed(self, data: Dataset, kind: str | dict[str, Any] | TaskSpec | None, goal: AccuracyGoal,
+               reference: dict[str, Any] | None, max_kept_fraction: float, kl_budget: float | None,
+               holdout: Dataset | None) -> MixedResult:
         budget = kl_budget if kl_budget is not None else (goal.max_mean_kl or SEARCH_KL_BUDGET)
         # The search measures the model's job (``packager/tasks``), on every output, as validation does.
         kind = self.task(data, kind)
@@ -515,11 +532,12 @@ class Quantizer:
         if not misses:
             self._progress(f"INT8 meets the goal with no layer kept in float (search error {err:.4f})")
             return MixedResult(full, [], {}, steps)
+        full = self._store.light(full)
         groups = self.groups(full)
         first, missed = self._search(data, kind, ref, score, full, groups, steps, budget, max_kept_fraction, True)
-        families = layer_groups(self.float_model, quantized_nodes(full))
+        families = layer_groups(self._float_ref(), quantized_nodes(full))
         in_families = {x for g in families.values() for x in g}
-        nodes = [n for n in self.float_model.graph.node if n.name and n.name in in_families]
+        nodes = [n for n in self._float_ref().graph.node if n.name and n.name in in_families]
         if families == groups or not _interleaved(families, nodes) or len(families) > 2 * SEARCH_GROUPS:
             return first
         spare = holdout if holdout is not None and len(holdout) else None
@@ -566,7 +584,7 @@ class Quantizer:
         err, misses = steps[0]["error"], list(steps[0]["failures"])
         metrics = steps[0]["metrics"]
         fp16_tier = self.runtime_format == "tensorrt"
-        float_model = self.float_model
+        float_model = self._float_ref()
         sensitivity = self.sensitivity(data, kind, full=full, reference=ref, groups=groups)
         order = sorted(sensitivity, key=lambda k: -sensitivity[k])
         tiers: dict[str, str] = {}
@@ -611,8 +629,18 @@ class Quantizer:
                 self._progress(f"{name} back in INT8: keeping it in float did not lower the error")
                 continue
             previous = err
-        if misses and fp16_tier:
-            for name in [g for g in order if tiers.get(g) == "fp16"]:
+        halves = [g for g in order if tiers.get(g) == "fp16"]
+        every = self._all_in_fp32(tiers, halves, groups, full, float_model, score, steps) if (
+            misses and fp16_tier and len(halves) > 1) else None
+        if every is not None and every[2]:
+            # Every FP16 group in FP32 at once misses already: moving them one at a time cannot get
+            # there either, and would cost a model run per group for nothing (MiniLM: 12, each a miss).
+            # The search goes on from where that loop would have ended: all of them in FP32.
+            self._progress(f"the {len(halves)} FP16 group(s) all in FP32 still miss the goal")
+            tiers.update({g: "fp32" for g in halves})
+            model, err, misses, metrics = every
+        elif misses and fp16_tier:
+            for name in halves:
                 tiers[name] = "fp32"
                 model, err, misses, metrics = attempt()
                 if not misses:
@@ -629,6 +657,21 @@ class Quantizer:
             fp16_nodes=[n for g, t in tiers.items() if t == "fp16" for n in groups[g]],
             fp32_nodes=[n for g, t in tiers.items() if t == "fp32" for n in groups[g]],
         ), bool(misses)
+
+    def _all_in_fp32(self, tiers: dict[str, str], halves: list[str], groups: dict[str, list[str]],
+                     full: onnx.ModelProto, float_model: onnx.ModelProto,
+                     score: Callable[..., tuple[float, list[str], dict[str, Any]]], steps: list[dict[str, Any]]
+                     ) -> tuple[onnx.ModelProto, float, list[str], dict[str, Any]]:
+        """The variant with the FP16 groups ``halves`` in FP32 too (the most moving groups from FP16 to
+        FP32 can give) and its (error, misses, metrics): one model run, recorded in ``steps``."""
+        every = {g: ("fp32" if g in halves else t) for g, t in tiers.items()}
+        excluded = {n for g in every for n in groups[g]}
+        half = [n for g, t in every.items() if t == "fp16" for n in groups[g]]
+        variant = with_float_nodes(full, float_model, excluded)
+        e, miss, m = score(variant, half)
+        steps.append({"kept_float": list(every), "tiers": every, "error": e, "failures": miss, "metrics": m,
+                      "model": "variant (every FP16 group in FP32)"})
+        return variant, e, miss, m
 
     def _confirm(self, variant: onnx.ModelProto, excluded: list[str], half: list[str],
                  score: Callable[..., tuple[float, list[str], dict[str, Any]]],
@@ -782,14 +825,16 @@ class Quantizer:
         the task's metrics). The error is the task's (``tasks.search_error``: mean KL for classifiers,
         the job's shortfall plus 1 - worst cosine for the rest); ``goal`` is checked as given."""
         spec = self.task(data, kind)
-        got = model_outputs_for(make_session(target_arithmetic(model, fp16_nodes or [])), data, spec)
+        store = self._store
+        emulated = target_arithmetic(store.light(model), fp16_nodes or [], rounded=store.fp16_rounded)
+        got = model_outputs_for(make_session(store.write(emulated)), data, spec)
         m, _ = measure(reference, got, spec, data.labels)
         return float(search_error(m)), task_goal_failures(m, goal, spec.kind, strict=False), m
 
     def groups(self, quantized: onnx.ModelProto) -> dict[str, list[str]]:
         """The layer groups the search may keep out of INT8: every node ``quantized`` reads through
         Q/DQ, whatever its op type or name (generated names included), grouped by block."""
-        return layer_groups(self.float_model, quantized_nodes(quantized), max_groups=SEARCH_GROUPS)
+        return layer_groups(self._float_ref(), quantized_nodes(quantized), max_groups=SEARCH_GROUPS)
 
     def sensitivity(self, data: Dataset, kind: str | dict[str, Any] | TaskSpec | None, full: onnx.ModelProto | None = None,
                     reference: dict[str, Any] | None = None,
@@ -800,8 +845,8 @@ class Quantizer:
         Runs on the first SENSITIVITY_SAMPLES of ``data``; variants of the one quantized model
         (``partial_quant``), no quantizer run per group.
         """
-        full = full if full is not None else self.quantize()
-        float_model = self.float_model
+        full = self._store.light(full if full is not None else self.quantize())
+        float_model = self._float_ref()
         rank_data = data.slice(0, min(len(data), SENSITIVITY_SAMPLES))
         ref = reference if reference is not None else self.reference_outputs(rank_data, kind)
         rank_ref = {k: v[: len(rank_data)] for k, v in ref.items()}
@@ -828,11 +873,12 @@ class Quantizer:
         kept = kept or {}
         goal = self.task(data, kind).goal(goal)
         ref = self.reference_outputs(data, kind)
-        float_model = self.float_model
+        float_model = self._float_ref()
+        quantized = self._store.light(quantized)
         full = self.quantize()
         groups = self.groups(full)
         if ranking and not set(ranking) & set(groups):  # ranked by the op-type-family search (``mixed``)
-            groups = layer_groups(self.float_model, quantized_nodes(full))
+            groups = layer_groups(float_model, quantized_nodes(full))
         kept_nodes = {n for g in kept for n in groups.get(g, [])}
         half_kept = [n for g, t in kept.items() if t == "fp16" for n in groups.get(g, [])]
         rows = []
@@ -849,10 +895,12 @@ class Quantizer:
         return rows
 
 
-def target_arithmetic(model: onnx.ModelProto, fp16_nodes: list[str] | None = None) -> onnx.ModelProto:
+def target_arithmetic(model: onnx.ModelProto, fp16_nodes: list[str] | None = None,
+                      rounded: Callable[[onnx.TensorProto, str], onnx.TensorProto] | None = None) -> onnx.ModelProto:
     """The model as the target computes it, to run in a packager session (``make_session``, which
-    executes Q/DQ as written): ``fp16_nodes`` rounded to FP16 (``emulate_fp16``), the rest unchanged."""
-    return emulate_fp16(model, fp16_nodes or [])
+    executes Q/DQ as written): ``fp16_nodes`` rounded to FP16 (``emulate_fp16``; ``rounded`` makes
+    the rounded weights), the rest unchanged."""
+    return emulate_fp16(model, fp16_nodes or [], rounded)
 
 
 def _quantize_static() -> Callable[..., Any]:

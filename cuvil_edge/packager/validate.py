@@ -95,16 +95,22 @@ def run_model(session: ort.InferenceSession, data: Dataset, batch: int = 32) -> 
     dyn_batch = {i.name: not i.shape or not isinstance(i.shape[0], int) for i in session.get_inputs()}
     if not all(dyn_batch.values()):
         batch = 1
+    # Samples of one shape run together (a batch per shape), and their outputs go back in order.
+    order = data.shape_order() if batch > 1 else None
+    run_on = data.take(order) if order is not None else data
     parts: dict[str, list[np.ndarray]] = {n: [] for n in names}
-    for _, _, feed in data.batches(batch):
+    for _, _, feed in run_on.batches(batch):
         for name, arr in zip(names, session.run(names, feed), strict=True):
             parts[name].append(np.asarray(arr, dtype=np.float32))
     out: dict[str, np.ndarray | list[np.ndarray]] = {}
+    back = np.argsort(order) if order is not None else None
     for k, v in parts.items():
         if len({a.shape[1:] for a in v}) <= 1:
-            out[k] = np.concatenate(v)
+            whole = np.concatenate(v)
+            out[k] = whole[back] if back is not None and len(whole) == len(back) else whole
         else:
-            out[k] = [a[i : i + 1] for a in v for i in range(len(a))]
+            each = [a[i : i + 1] for a in v for i in range(len(a))]
+            out[k] = [each[i] for i in back] if back is not None and len(each) == len(back) else each
     return out
 
 
