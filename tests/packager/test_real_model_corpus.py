@@ -29,10 +29,10 @@ DEFAULT_SIZE = (12, 12)
 # Samples the mixed search ranks and checks on (a slice of the calibration data).
 SEARCH = {"ocr-cls": 12, "magika": 8}
 ORIN, ARM = "orin-nano-8gb", "generic-arm64"
-# Mixed searches rank every layer group by quantizing it alone: NudeNet (115 groups), MiniLM (252) and
-# the YOLOX detector (83 convs: 5 minutes) take minutes here, over this file's CI budget;
-# bench/bench_packager.py --tasks measures them.
-SEARCH_IN_BENCH = {"nudenet-320n", "minilm", "ddddocr-det"}
+# NudeNet's mixed search is measured by bench/bench_packager.py --tasks (24 held-out crops, 36
+# detections: recall 0.97): on this file's 12 crops FP32 finds 12 boxes, and one extra box in the
+# bundle's output is a precision of 0.85.
+SEARCH_IN_BENCH = {"nudenet-320n"}
 MATRIX = [(name, ORIN, "int8") for name in CORPUS] + [(name, ARM, "int8") for name in CORPUS] + [
     (name, ORIN, "mixed") for name in CORPUS if name not in SEARCH_IN_BENCH]
 
@@ -64,6 +64,7 @@ OUTCOME: dict[tuple[str, str, str], str | None] = {
     # Per-tensor INT8 activations through LayerNorm/GELU/attention: cosine 0.49.
     ("minilm", ORIN, "int8"): "cosine",
     ("minilm", ARM, "int8"): "cosine",
+    ("minilm", ORIN, "mixed"): None,  # 138 nodes in FP16: cosine 0.991
     # Silero VAD's graph sits inside an If on the sample rate: INT8 quantizes nothing in it (the report
     # says so), and the stream keeps every decision.
     ("silero-vad", ORIN, "int8"): None,
@@ -73,6 +74,10 @@ OUTCOME: dict[tuple[str, str, str], str | None] = {
     # threshold drop out (recall 0.81, precision 0.96 on the Orin; 176 held-out characters).
     ("ddddocr-det", ORIN, "int8"): "recall",
     ("ddddocr-det", ARM, "int8"): "recall",
+    # Its mixed search: INT8, or the first choice, meets recall 0.9 on the 4 search crops and misses it
+    # on the 8 held-out calibration crops; searched again with every choice held to both, 28 nodes in
+    # FP16 keep recall 0.92, precision 0.99 (was: 3 nodes, recall 0.79).
+    ("ddddocr-det", ORIN, "mixed"): None,
     # Magika on the bytes of real files (features by the magika wheel itself): per-tensor INT8 through
     # its LayerNorm/GELU layers keeps no decision (top-1 agreement 0-0.4); mixed keeps the float path
     # the search finds and keeps every one.

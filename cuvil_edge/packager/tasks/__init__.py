@@ -11,6 +11,7 @@ compute is an error naming the goal and the fix (:func:`goal_failures`), never a
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,7 +31,7 @@ from cuvil_edge.packager.tasks import (
 from cuvil_edge.packager.tasks._common import Outputs, output_figures
 from cuvil_edge.recipes import TASK_KINDS, AccuracyGoal
 
-__all__ = ["GOAL_METRICS", "TASKS", "Task", "TaskSpec", "goal_failures", "infer_task", "measure", "resolve_task",
+__all__ = ["GOAL_METRICS", "SHARE_OF", "TASKS", "Task", "TaskSpec", "goal_failures", "infer_task", "measure", "resolve_task",
            "search_error"]
 
 Metric = Callable[[Outputs, Outputs, dict[str, Any], "np.ndarray | None"], dict[str, Any]]
@@ -82,6 +83,20 @@ GOAL_METRICS: dict[str, tuple[str, int]] = {
     "max_keypoint_error": ("keypoint_error", -1),
 }
 assert set(GOAL_METRICS) == set(AccuracyGoal.__dataclass_fields__), "every goal field has a metric"
+# Metrics that are a share of a count, and the metric key holding that count: measured on n of them,
+# their sampling error is sqrt(p (1 - p) / n), which ``goal_failures(margin=...)`` allows for.
+SHARE_OF: dict[str, str] = {
+    "recall": "reference_detections",
+    "precision": "detections",
+    "top1_agreement": "samples",
+    "confident_top1_agreement": "confident_samples",
+    "top5_containment": "samples",
+    "label_accuracy": "samples",
+    "sequence_agreement": "sequences",
+    "char_error_rate": "reference_characters",
+    "decision_agreement": "frames",
+    "pck": "scored_points",
+}
 _EVERY_OUTPUT = ("cosine", "mae", "relative_error")
 
 
@@ -170,12 +185,17 @@ def measure(ref: Outputs, test: Outputs, spec: TaskSpec, labels: np.ndarray | No
     return task_metrics, per_output
 
 
-def goal_failures(metrics: dict[str, Any], goal: AccuracyGoal, kind: str | None = None, strict: bool = True
-                  ) -> list[str]:
+def goal_failures(metrics: dict[str, Any], goal: AccuracyGoal, kind: str | None = None, strict: bool = True,
+                  margin: float = 0.0) -> list[str]:
     """Human-readable misses, e.g. 'recall 0.000 < 0.900 (short by 0.900)'.
 
     ``strict=False`` (the mixed search, a heuristic on calibration data) passes over a goal its data
     cannot measure; validation, which decides, is strict.
+
+    ``margin`` (the mixed search's check on samples it never saw): a goal on a share of a count
+    (``SHARE_OF``: recall of n reference detections, agreement on n samples) holds only when it holds
+    by ``margin`` standard errors of a share at the goal measured on that count, ``sqrt(g (1 - g) / n)``,
+    capped at a perfect score (so a perfect score always holds). Other goals are checked as given.
 
     Raises:
         RecipeError: a goal asks for a metric this task does not compute, naming the goal and the fix.
@@ -189,10 +209,16 @@ def goal_failures(metrics: dict[str, Any], goal: AccuracyGoal, kind: str | None 
             continue
         if value is None:
             raise RecipeError(_not_computable(key, metric, kind, metrics))
+        count = metrics.get(SHARE_OF.get(metric, ""))
+        why = ""
+        if margin and count and 0.0 <= limit <= 1.0:
+            allow = margin * math.sqrt(limit * (1.0 - limit) / count)
+            limit = min(1.0, limit + allow) if sign > 0 else max(0.0, limit - allow)
+            why = f", the goal {'+' if sign > 0 else '-'} {margin:g} standard error on {count}"
         if sign > 0 and value < limit:
-            misses.append(f"{metric} {value:.4f} < {limit:.4f} (short by {limit - value:.4f})")
+            misses.append(f"{metric} {value:.4f} < {limit:.4f} (short by {limit - value:.4f}{why})")
         if sign < 0 and value > limit:
-            misses.append(f"{metric} {value:.4f} > {limit:.4f} (over by {value - limit:.4f})")
+            misses.append(f"{metric} {value:.4f} > {limit:.4f} (over by {value - limit:.4f}{why})")
     return misses
 
 

@@ -54,6 +54,7 @@ def classify(ref: np.ndarray, test: np.ndarray, labels: np.ndarray | None = None
     agree = top1_ref == top1_test
     m: dict[str, Any] = {
         "top1_agreement": float(agree.mean()),
+        "samples": len(ref),
         "confident_samples": int(confident.sum()),
         "confident_top1_agreement": float(agree[confident].mean()) if confident.any() else None,
         "top5_containment": float((top5_test == top1_ref[:, None]).any(1).mean()),

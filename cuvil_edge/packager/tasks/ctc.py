@@ -41,7 +41,7 @@ def metrics(ref: Outputs, test: Outputs, post: dict[str, Any], labels: np.ndarra
         edits += edit_distance(a, b)
         length += max(len(a), 1)
     return {"sequence_agreement": same / len(rs), "char_error_rate": edits / length,
-            "reference_characters": length, "sequence_output": name}
+            "reference_characters": length, "sequences": len(rs), "sequence_output": name}
 
 
 def infer(shapes: dict[str, tuple[int, ...]], values: Outputs | None) -> dict[str, Any] | None:

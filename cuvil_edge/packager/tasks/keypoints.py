@@ -94,5 +94,5 @@ def metrics(ref: Outputs, test: Outputs, post: dict[str, Any], labels: np.ndarra
         return m
     d = np.concatenate(dists)
     m.update(pck=float((d <= thr).mean()), keypoint_error=float(d.mean()), max_keypoint_error=float(d.max()),
-             keypoints_per_sample=int(len(dists[0])))
+             keypoints_per_sample=int(len(dists[0])), scored_points=int(d.size))
     return m
