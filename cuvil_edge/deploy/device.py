@@ -33,10 +33,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cuvil_edge.deploy._asyncssh import asyncssh
-
 from cuvil_edge.bundle import Manifest, verify_bundle
 from cuvil_edge.bundle.container import MANIFEST_NAME, iter_member_bytes
+from cuvil_edge.deploy._asyncssh import asyncssh
 from cuvil_edge.deploy.activate import GATE_MARGIN_S
 from cuvil_edge.deploy.layout import DeviceActivating, DeviceBusy, DeviceLock, DeviceStore, check_component
 from cuvil_edge.deploy.probe import DeviceFacts, IncompatibleDevice, check_compatible, probe_device

@@ -33,8 +33,6 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cuvil_edge.deploy._asyncssh import asyncssh
-
 from cuvil_edge.bundle.engine_key import EngineKey
 from cuvil_edge.bundle.engine_plan import validate_plan
 from cuvil_edge.bundle.engine_store import (
@@ -49,6 +47,7 @@ from cuvil_edge.bundle.engine_store import (
     sha256_bytes,
 )
 from cuvil_edge.bundle.layout import StoreLayout
+from cuvil_edge.deploy._asyncssh import asyncssh
 from cuvil_edge.deploy.transport import DeviceAddress
 from cuvil_edge.deploy.transport_base import Transport
 from cuvil_edge.deploy.transports import open_transport

@@ -33,7 +33,6 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 from cuvil_edge.deploy._asyncssh import asyncssh
-
 from cuvil_edge.deploy.transport_base import (
     DEFAULT_STORE,
     CommandResult,

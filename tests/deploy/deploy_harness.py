@@ -26,7 +26,6 @@ from pathlib import Path
 from typing import Any
 
 from cuvil_edge.deploy._asyncssh import asyncssh
-
 from cuvil_edge.deploy.transport import DeviceAddress
 
 SSHD = "/usr/sbin/sshd"
