@@ -32,6 +32,7 @@ C-core functions they rest on.
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections import deque
 from collections.abc import Callable
@@ -41,7 +42,7 @@ from typing import Any, Protocol
 import grpc
 
 from cuvil_edge.daemon.batcher import Pending
-from cuvil_edge.daemon.grpc_cq import ServerCall, cancelled_of, message_of
+from cuvil_edge.daemon.grpc_cq import OnPoller, ServerCall, cancelled_of, message_of
 from cuvil_edge.daemon.limits import ANSWER_WINDOW as WINDOW
 from cuvil_edge.daemon.limits import ANSWERS_FULL, MAX_ERROR, answer_bytes, printable
 from cuvil_edge.errors import DaemonError
@@ -138,22 +139,30 @@ def _never() -> bool:
 
 
 class CallGate:
-    """Authenticated gRPC calls in progress, at most ``limit`` (``--grpc-max-rpcs``)."""
+    """Authenticated gRPC calls in progress, at most ``limit`` (``--grpc-max-rpcs``).
+
+    Entered from the transport's poller thread too (:meth:`CallPolicy.admit`), so it counts under
+    a lock; ``refused`` is counted on the loop only.
+    """
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
         self.active = 0
         self.refused = 0
+        self._lock = threading.Lock()
 
-    def enter(self) -> bool:
-        if self.active >= self.limit:
-            self.refused += 1
-            return False
-        self.active += 1
-        return True
+    def enter(self, count_refusal: bool = True) -> bool:
+        with self._lock:
+            if self.active >= self.limit:
+                if count_refusal:
+                    self.refused += 1
+                return False
+            self.active += 1
+            return True
 
     def leave(self) -> None:
-        self.active -= 1
+        with self._lock:
+            self.active -= 1
 
 
 class CallPolicy:
@@ -179,8 +188,23 @@ class CallPolicy:
     def timeout(self) -> float:
         return float(self.state.limits.request_timeout)
 
+    def admit(self, call: ServerCall) -> bool:
+        """Whether a new call's message may be read before the loop sees the call (poller thread).
+
+        Only what needs neither the loop's state nor the body decides: a unary or inference method,
+        authorized metadata, a place under ``--grpc-max-rpcs``. A call let in holds its place;
+        any other call goes to :meth:`on_call` unread, which refuses it or reads it later.
+        """
+        method = self.methods.get(call.method)
+        if method is None or method.kind not in ("unary", "infer"):
+            return False
+        return self.frontend.authorized(call.metadata) and self.gate.enter(count_refusal=False)
+
     def on_call(self, call: ServerCall) -> None:
         """A new call, before its message is read (loop thread)."""
+        if call.admitted:
+            _Unary(self, call, self.methods[call.method]).start()
+            return
         method = self.methods.get(call.method)
         if method is None:
             call.finish(code_of(grpc.StatusCode.UNIMPLEMENTED), "Method not found!")
@@ -259,7 +283,8 @@ class _Unary:
         self.ended = False
 
     def start(self) -> None:
-        self.timer = self.policy.loop.call_later(self.policy.timeout, self._no_message)
+        if not self.call.message_waiting:
+            self.timer = self.policy.loop.call_later(self.policy.timeout, self._no_message)
         if not self.call.receive(self._received):
             self._closed(None)
 
@@ -381,19 +406,27 @@ class _Unary:
         size = len(blob)
         if size <= WINDOW:
             self._release_answer()  # a window goes out whatever the client does
-        else:
-            extra = max(0, ANSWER_COPIES * size - self.held)
-            if extra:
-                if not policy.state.reserve(extra):
-                    self._release_answer()
-                    policy.refuse_buffered()
-                    self._end(grpc.StatusCode.RESOURCE_EXHAUSTED, ANSWERS_FULL, _RETRY)
-                    return
-                self.held += extra
-            self.big = True
-            self.timer = policy.loop.call_later(policy.timeout, self._not_taken)
+            # Nothing of the loop's is left to settle when the call ends: only its place under
+            # --grpc-max-rpcs, given back from the poller thread (no loop wake-up for it).
+            self.ended = True
+            if not self.call.finish(_OK, message=blob, on_done=OnPoller(self._left)):
+                self.policy.gate.leave()
+            return
+        extra = max(0, ANSWER_COPIES * size - self.held)
+        if extra:
+            if not policy.state.reserve(extra):
+                self._release_answer()
+                policy.refuse_buffered()
+                self._end(grpc.StatusCode.RESOURCE_EXHAUSTED, ANSWERS_FULL, _RETRY)
+                return
+            self.held += extra
+        self.big = True
+        self.timer = policy.loop.call_later(policy.timeout, self._not_taken)
         if not self.call.finish(_OK, message=blob, on_done=self._closed):
             self._closed(None)
+
+    def _left(self, _event: Any) -> None:
+        self.policy.gate.leave()
 
     def _not_taken(self) -> None:
         self.timer = None

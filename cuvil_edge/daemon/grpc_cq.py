@@ -32,7 +32,7 @@ from typing import Any
 
 from cuvil_edge.errors import DaemonError
 
-__all__ = ["CompletionQueueServer", "ServerCall", "check_core"]
+__all__ = ["CompletionQueueServer", "OnPoller", "ServerCall", "check_core"]
 
 log = logging.getLogger("cuvil_edge.daemon.grpc")
 
@@ -71,14 +71,19 @@ class ServerCall:
     operations with their results).
     """
 
-    __slots__ = ("call", "method", "metadata", "_metadata_sent", "_ops")
+    __slots__ = ("call", "method", "metadata", "admitted", "_metadata_sent", "_ops", "_early", "_early_event",
+                 "_early_reader")
 
     def __init__(self, call: Any, method: bytes, metadata: tuple[tuple[str, Any], ...], ops: Any) -> None:
         self.call = call
         self.method = method
         self.metadata = metadata
+        self.admitted = False  # the transport's ``admit`` took it (and armed its first receive)
         self._metadata_sent = False
         self._ops = ops
+        self._early = False  # a first receive started before the loop saw the call
+        self._early_event: Any = None
+        self._early_reader: Callable[[Any], None] | None = None
 
     def _start(self, ops: tuple[Any, ...], on_done: Callable[[Any], None] | None) -> bool:
         try:
@@ -93,8 +98,38 @@ class ServerCall:
             ops.append(self._ops.SendInitialMetadataOperation((), 0))
 
     def receive(self, on_done: Callable[[Any], None]) -> bool:
-        """Ask for the next request message; ``on_done(event)``: see :func:`message_of`."""
+        """Ask for the next request message; ``on_done(event)``: see :func:`message_of`.
+
+        The first one may have been started already (:meth:`arm_receive`); ``on_done`` then takes
+        its event, at once when it has arrived.
+        """
+        if self._early:
+            self._early = False
+            event, self._early_event = self._early_event, None
+            if event is None:
+                self._early_reader = on_done
+            else:
+                on_done(event)
+            return True
         return self._start((self._ops.ReceiveMessageOperation(0),), on_done)
+
+    @property
+    def message_waiting(self) -> bool:
+        """Whether the first receive, started early, has completed and waits for its reader."""
+        return self._early and self._early_event is not None
+
+    def arm_receive(self) -> bool:
+        """Start the first receive now, before the loop takes the call (the poller thread calls this
+        for a call its ``admit`` let in): the message then comes in the same burst as the call."""
+        self._early = self._start((self._ops.ReceiveMessageOperation(0),), self._early_done)
+        return self._early
+
+    def _early_done(self, event: Any) -> None:
+        reader, self._early_reader = self._early_reader, None
+        if reader is not None:
+            reader(event)
+        elif self._early:
+            self._early_event = event
 
     def watch_close(self, on_done: Callable[[Any], None]) -> bool:
         """``on_done(event)`` once the call is over; :func:`cancelled_of` says if the client cancelled."""
@@ -139,6 +174,23 @@ def _ignore(_event: Any) -> None:
     pass
 
 
+class OnPoller:
+    """A batch's completion callback that runs on the poller thread instead of the loop.
+
+    For the end of a call whose last work is thread-safe and tiny (leaving the call gate, which
+    counts under a lock): the call's last event then costs no loop wake-up. It must not touch the
+    loop's state, and must not raise.
+    """
+
+    __slots__ = ("fn",)
+
+    def __init__(self, fn: Callable[[Any], None]) -> None:
+        self.fn = fn
+
+    def __call__(self, event: Any) -> None:
+        self.fn(event)
+
+
 def message_of(event: Any) -> bytes | None:
     """The message a receive got; None at the end of the stream or when the call failed."""
     if not event.success:
@@ -165,11 +217,13 @@ class CompletionQueueServer:
     """
 
     def __init__(self, loop: asyncio.AbstractEventLoop, options: Sequence[tuple[str, Any]],
-                 on_call: Callable[[ServerCall], None]) -> None:
+                 on_call: Callable[[ServerCall], None],
+                 admit: Callable[[ServerCall], bool] | None = None) -> None:
         cygrpc = _core()
         self._cygrpc = cygrpc
         self._loop = loop
         self._on_call = on_call
+        self._admit = admit
         self._cq = cygrpc.CompletionQueue()
         self._server = cygrpc.Server(tuple(options), False)
         self._server.register_completion_queue(self._cq)
@@ -226,8 +280,20 @@ class CompletionQueueServer:
                 return
             if kind == timeout_type:
                 continue
-            if event.tag is _REQUEST_CALL and self._serving:
-                self._server.request_call(cq, cq, _REQUEST_CALL)
+            tag = event.tag
+            if tag is _ignore:
+                continue
+            if type(tag) is OnPoller:
+                try:
+                    tag(event)
+                except Exception:  # as on the loop: one call's bug stops no other call
+                    log.exception("gRPC event handler failed")
+                continue
+            if tag is _REQUEST_CALL:
+                if self._serving:
+                    self._server.request_call(cq, cq, _REQUEST_CALL)
+                if event.success:
+                    event = self._new_call(event)
             events.append(event)
             if not self._scheduled:
                 self._scheduled = True
@@ -235,6 +301,14 @@ class CompletionQueueServer:
                     loop.call_soon_threadsafe(self._drain)
                 except RuntimeError:  # the loop closed under a daemon that is exiting
                     return
+
+    def _new_call(self, event: Any) -> ServerCall:
+        call = ServerCall(event.call, event.call_details.method, event.invocation_metadata, self._cygrpc)
+        admit = self._admit
+        if admit is not None and admit(call):
+            call.admitted = True
+            call.arm_receive()
+        return call
 
     # ------------------------------------------------------------------ loop thread
 
@@ -244,13 +318,13 @@ class CompletionQueueServer:
         while events:
             event = events.popleft()
             self.more = bool(events)
-            tag = event.tag
             try:
+                if type(event) is ServerCall:
+                    self._on_call(event)
+                    continue
+                tag = event.tag
                 if tag is _REQUEST_CALL:
-                    if event.success:
-                        details = event.call_details
-                        self._on_call(ServerCall(event.call, details.method, event.invocation_metadata,
-                                                 self._cygrpc))
+                    pass  # a new-call request that failed: the server is shutting down
                 elif tag is _SHUTDOWN:
                     if self._stopped is not None:
                         self._stopped.set()

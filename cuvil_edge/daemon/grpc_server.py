@@ -310,7 +310,8 @@ class GrpcFrontend:
         # max_concurrent_streams alone, which counts half-open health streams too.
         check_core()
         self.policy = CallPolicy(self, self.methods, int(self.config.grpc_max_rpcs))
-        self.server = CompletionQueueServer(asyncio.get_running_loop(), self.server_options(), self.policy.on_call)
+        self.server = CompletionQueueServer(asyncio.get_running_loop(), self.server_options(), self.policy.on_call,
+                                             admit=self.policy.admit)
         server = self.server
         self.policy.burst = lambda: server.more
         try:

@@ -57,3 +57,40 @@ def test_a_grpcio_without_the_core_parts_is_one_clear_error(monkeypatch):
     monkeypatch.setattr(grpc_cq, "_core", lambda: types.SimpleNamespace(Server=object))
     with pytest.raises(DaemonError, match=r"grpcio .* lacks CompletionQueue.*--grpc 0"):
         grpc_cq.check_core()
+
+
+def test_a_call_is_read_before_the_loop_sees_it_only_when_authorized_and_under_the_gate():
+    """The poller thread arms a call's first receive (its message then comes in the same burst as
+    the call) only for an inference or unary method, with the bearer token, under --grpc-max-rpcs:
+    an unauthenticated or over-limit call's message stays unread, as before."""
+    import asyncio
+
+    from cuvil_edge.daemon.grpc_calls import CallPolicy, Method
+
+    class Frontend:
+        state = types.SimpleNamespace()
+        registry = None
+
+        def authorized(self, metadata):
+            return ("authorization", "Bearer t") in metadata
+
+    def call(method: bytes, metadata=()):
+        return grpc_cq.ServerCall(None, method, tuple(metadata), None)
+
+    async def main() -> None:
+        infer = Method("ModelInfer", "infer", bytes)
+        methods = {b"/m/Infer": infer, b"/m/Stream": Method("ModelStreamInfer", "stream", bytes),
+                   b"/m/Live": Method("ServerLive", "open", bytes)}
+        policy = CallPolicy(Frontend(), methods, max_rpcs=2)
+        token = [("authorization", "Bearer t")]
+        assert not policy.admit(call(b"/m/Infer"))  # no token
+        assert not policy.admit(call(b"/m/Nope", token))  # unknown method
+        assert not policy.admit(call(b"/m/Stream", token)) and not policy.admit(call(b"/m/Live", token))
+        assert policy.gate.active == 0
+        assert policy.admit(call(b"/m/Infer", token)) and policy.admit(call(b"/m/Infer", token))
+        assert not policy.admit(call(b"/m/Infer", token))  # the gate is full: left to the loop to refuse
+        assert policy.gate.active == 2 and policy.gate.refused == 0
+        policy.gate.leave()
+        assert policy.admit(call(b"/m/Infer", token))
+
+    asyncio.run(main())
