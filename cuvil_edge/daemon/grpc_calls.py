@@ -283,6 +283,9 @@ class _Unary:
         self.ended = False
 
     def start(self) -> None:
+        if self.call.overdue:  # admitted on the poller thread; its message never came
+            self._no_message()
+            return
         if not self.call.message_waiting:
             self.timer = self.policy.loop.call_later(self.policy.timeout, self._no_message)
         if not self.call.receive(self._received):

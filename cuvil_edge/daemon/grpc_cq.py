@@ -26,7 +26,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from collections import deque
+import time
+from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -71,14 +72,17 @@ class ServerCall:
     operations with their results).
     """
 
-    __slots__ = ("call", "method", "metadata", "admitted", "_metadata_sent", "_ops", "_early", "_early_event",
-                 "_early_reader")
+    __slots__ = ("call", "method", "metadata", "admitted", "overdue", "deadline", "_posted", "_metadata_sent", "_ops",
+                 "_early", "_early_event", "_early_reader")
 
     def __init__(self, call: Any, method: bytes, metadata: tuple[tuple[str, Any], ...], ops: Any) -> None:
         self.call = call
         self.method = method
         self.metadata = metadata
         self.admitted = False  # the transport's ``admit`` took it (and armed its first receive)
+        self.overdue = False  # admitted, and its message did not come within the transport's timeout
+        self.deadline = 0.0  # when an admitted call's message is overdue (time.time())
+        self._posted = False  # handed to the loop (poller thread only)
         self._metadata_sent = False
         self._ops = ops
         self._early = False  # a first receive started before the loop saw the call
@@ -118,13 +122,15 @@ class ServerCall:
         """Whether the first receive, started early, has completed and waits for its reader."""
         return self._early and self._early_event is not None
 
-    def arm_receive(self) -> bool:
+    def arm_receive(self, on_arrival: Callable[[Any], None]) -> bool:
         """Start the first receive now, before the loop takes the call (the poller thread calls this
-        for a call its ``admit`` let in): the message then comes in the same burst as the call."""
-        self._early = self._start((self._ops.ReceiveMessageOperation(0),), self._early_done)
+        for a call its ``admit`` let in); ``on_arrival(event)`` on the poller thread hands the call
+        over with its message, one loop wake-up for the whole request instead of two."""
+        self._early = self._start((self._ops.ReceiveMessageOperation(0),), OnPoller(on_arrival))
         return self._early
 
-    def _early_done(self, event: Any) -> None:
+    def took_early(self, event: Any) -> None:
+        """The early receive's event: to its reader if one waits, else kept for :meth:`receive`."""
         reader, self._early_reader = self._early_reader, None
         if reader is not None:
             reader(event)
@@ -214,16 +220,24 @@ class CompletionQueueServer:
         loop (asyncio.AbstractEventLoop): the daemon's loop; every callback runs on it.
         options (Sequence[tuple[str, Any]]): core channel arguments (limits, keep-alive).
         on_call (Callable[[ServerCall], None]): a new call, on the loop thread.
+        admit (Callable[[ServerCall], bool] | None): on the poller thread, whether a new call's
+            first message is read before ``on_call`` gets it (the call then comes with it).
+        message_timeout (Callable[[], float]): seconds an admitted call's message may take; past
+            them ``on_call`` gets the call ``overdue``, unread (a half-open call holds its place
+            no longer than one the loop reads itself).
     """
 
     def __init__(self, loop: asyncio.AbstractEventLoop, options: Sequence[tuple[str, Any]],
                  on_call: Callable[[ServerCall], None],
-                 admit: Callable[[ServerCall], bool] | None = None) -> None:
+                 admit: Callable[[ServerCall], bool] | None = None,
+                 message_timeout: Callable[[], float] = lambda: 30.0) -> None:
         cygrpc = _core()
         self._cygrpc = cygrpc
         self._loop = loop
         self._on_call = on_call
         self._admit = admit
+        self._message_timeout = message_timeout
+        self._half_open: OrderedDict[ServerCall, None] = OrderedDict()  # admitted, message awaited, oldest first
         self._cq = cygrpc.CompletionQueue()
         self._server = cygrpc.Server(tuple(options), False)
         self._server.register_completion_queue(self._cq)
@@ -271,10 +285,17 @@ class CompletionQueueServer:
     # ------------------------------------------------------------------ poller thread
 
     def _poll(self) -> None:
-        cq, events, loop = self._cq, self._events, self._loop
+        cq, half_open = self._cq, self._half_open
         timeout_type, shutdown_type = self._timeout_type, self._shutdown_type
         while True:
-            event = cq.poll()
+            if half_open:
+                first = next(iter(half_open))
+                if first.deadline <= time.time():
+                    self._expire()
+                    continue
+                event = cq.poll(first.deadline)
+            else:
+                event = cq.poll()
             kind = event.completion_type
             if kind == shutdown_type:
                 return
@@ -294,21 +315,55 @@ class CompletionQueueServer:
                     self._server.request_call(cq, cq, _REQUEST_CALL)
                 if event.success:
                     event = self._new_call(event)
-            events.append(event)
-            if not self._scheduled:
-                self._scheduled = True
-                try:
-                    loop.call_soon_threadsafe(self._drain)
-                except RuntimeError:  # the loop closed under a daemon that is exiting
-                    return
+                    if event is None:
+                        continue  # its message comes first (``_arrived``)
+            if not self._post(event):
+                return
 
-    def _new_call(self, event: Any) -> ServerCall:
+    def _post(self, event: Any) -> bool:
+        """Queue ``event`` for the loop, waking it unless a drain is scheduled; False once the loop
+        has closed under a daemon that is exiting."""
+        self._events.append(event)
+        if not self._scheduled:
+            self._scheduled = True
+            try:
+                self._loop.call_soon_threadsafe(self._drain)
+            except RuntimeError:
+                return False
+        return True
+
+    def _new_call(self, event: Any) -> ServerCall | None:
+        """The call, for the loop now; None when ``admit`` took it and its first receive is armed:
+        the loop then gets it once the message is in."""
         call = ServerCall(event.call, event.call_details.method, event.invocation_metadata, self._cygrpc)
         admit = self._admit
         if admit is not None and admit(call):
             call.admitted = True
-            call.arm_receive()
+            call.deadline = time.time() + self._message_timeout()
+            if call.arm_receive(lambda ev: self._arrived(call, ev)):
+                self._half_open[call] = None
+                return None
+        call._posted = True
         return call
+
+    def _arrived(self, call: ServerCall, event: Any) -> None:
+        if call._posted:
+            return  # overdue, handed over already: the loop has cancelled it
+        self._half_open.pop(call, None)
+        call._posted = True
+        call.took_early(event)
+        self._post(call)
+
+    def _expire(self) -> None:
+        """Hand every admitted call whose message is overdue to the loop, unread."""
+        now, half_open = time.time(), self._half_open
+        while half_open:
+            call = next(iter(half_open))
+            if call.deadline > now:
+                return
+            half_open.popitem(last=False)
+            call._posted = call.overdue = True
+            self._post(call)
 
     # ------------------------------------------------------------------ loop thread
 

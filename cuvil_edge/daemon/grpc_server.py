@@ -309,9 +309,10 @@ class GrpcFrontend:
         # Calls in progress are counted by the call policy (grpc_calls.py), not by grpc core's
         # max_concurrent_streams alone, which counts half-open health streams too.
         check_core()
-        self.policy = CallPolicy(self, self.methods, int(self.config.grpc_max_rpcs))
+        policy = self.policy = CallPolicy(self, self.methods, int(self.config.grpc_max_rpcs))
         self.server = CompletionQueueServer(asyncio.get_running_loop(), self.server_options(), self.policy.on_call,
-                                             admit=self.policy.admit)
+                                             admit=self.policy.admit,
+                                             message_timeout=lambda: policy.timeout)
         server = self.server
         self.policy.burst = lambda: server.more
         try:
