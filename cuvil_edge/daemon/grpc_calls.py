@@ -413,7 +413,7 @@ class _Unary:
             # --grpc-max-rpcs, given back from the poller thread (no loop wake-up for it).
             self.ended = True
             if not self.call.finish(_OK, message=blob, on_done=OnPoller(self._left)):
-                self.policy.gate.leave()
+                self._left(None)
             return
         extra = max(0, ANSWER_COPIES * size - self.held)
         if extra:

@@ -73,7 +73,7 @@ class ServerCall:
     """
 
     __slots__ = ("call", "method", "metadata", "admitted", "overdue", "deadline", "_posted", "_metadata_sent", "_ops",
-                 "_early", "_early_event", "_early_reader")
+                 "_early", "_early_event")
 
     def __init__(self, call: Any, method: bytes, metadata: tuple[tuple[str, Any], ...], ops: Any) -> None:
         self.call = call
@@ -87,7 +87,6 @@ class ServerCall:
         self._ops = ops
         self._early = False  # a first receive started before the loop saw the call
         self._early_event: Any = None
-        self._early_reader: Callable[[Any], None] | None = None
 
     def _start(self, ops: tuple[Any, ...], on_done: Callable[[Any], None] | None) -> bool:
         try:
@@ -104,16 +103,13 @@ class ServerCall:
     def receive(self, on_done: Callable[[Any], None]) -> bool:
         """Ask for the next request message; ``on_done(event)``: see :func:`message_of`.
 
-        The first one may have been started already (:meth:`arm_receive`); ``on_done`` then takes
-        its event, at once when it has arrived.
+        The first one may have been read already (:meth:`arm_receive`): the transport hands such a
+        call over only once it has arrived, and ``on_done`` takes its event at once.
         """
         if self._early:
             self._early = False
             event, self._early_event = self._early_event, None
-            if event is None:
-                self._early_reader = on_done
-            else:
-                on_done(event)
+            on_done(event)
             return True
         return self._start((self._ops.ReceiveMessageOperation(0),), on_done)
 
@@ -130,12 +126,8 @@ class ServerCall:
         return self._early
 
     def took_early(self, event: Any) -> None:
-        """The early receive's event: to its reader if one waits, else kept for :meth:`receive`."""
-        reader, self._early_reader = self._early_reader, None
-        if reader is not None:
-            reader(event)
-        elif self._early:
-            self._early_event = event
+        """Keep the early receive's event for :meth:`receive` (poller thread, before the hand-over)."""
+        self._early_event = event
 
     def watch_close(self, on_done: Callable[[Any], None]) -> bool:
         """``on_done(event)`` once the call is over; :func:`cancelled_of` says if the client cancelled."""
