@@ -94,3 +94,37 @@ def test_a_call_is_read_before_the_loop_sees_it_only_when_authorized_and_under_t
         assert policy.admit(call(b"/m/Infer", token))
 
     asyncio.run(main())
+
+
+def test_an_admitted_call_reaches_the_loop_once_with_its_message_read():
+    """What ``admit`` lets in reaches ``on_call`` with its message already in (one loop wake-up
+    per request); any other call comes unread, as before."""
+    import asyncio
+
+    import grpc
+
+    seen = []
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        ok = grpc_cq._core().StatusCode.ok
+
+        def on_call(call):
+            seen.append((call.method, call.admitted, call.message_waiting))
+            call.finish(ok, message=b"ok")
+
+        server = grpc_cq.CompletionQueueServer(loop, (), on_call, admit=lambda c: c.method == b"/t/Early")
+        port = server.bind("127.0.0.1:0")
+        server.start()
+
+        def client() -> list[bytes]:
+            with grpc.insecure_channel(f"127.0.0.1:{port}") as ch:
+                return [ch.unary_unary(m)(b"x", timeout=5) for m in ("/t/Early", "/t/Late")]
+
+        try:
+            assert await loop.run_in_executor(None, client) == [b"ok", b"ok"]
+        finally:
+            await server.stop(1)
+
+    asyncio.run(main())
+    assert seen == [(b"/t/Early", True, True), (b"/t/Late", False, False)]
