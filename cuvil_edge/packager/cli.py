@@ -13,7 +13,7 @@ import json
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 from rich.table import Table
@@ -21,6 +21,9 @@ from rich.table import Table
 from cuvil_edge._console import console, id_column, print_table
 from cuvil_edge._device_options import DeviceSelection, device_options
 from cuvil_edge.recipes import QUANTIZERS, TASK_KINDS, choices
+
+if TYPE_CHECKING:
+    import onnx
 
 __all__ = ["engine_app", "inspect_cmd", "register"]
 
@@ -217,13 +220,23 @@ def quantize_cmd(
 
 def validate_cmd(
     reference: str = typer.Argument(..., help="The original FP32 ONNX model."),
-    candidate: Path = typer.Argument(..., help="The quantized ONNX model."),
+    candidate: Path = typer.Argument(..., help="The quantized ONNX model, or the bundle (.cvb) holding it."),
     eval_data: str = typer.Option(..., "--eval", help="Evaluation data."),
-    recipe: Path = typer.Option(None, "--recipe", help="Recipe for pre-processing and the accuracy goal."),
+    recipe: Path = typer.Option(None, "--recipe", help="Recipe for pre-processing, the task and the accuracy goal."),
     samples: int = typer.Option(200, "--samples", help="Evaluation samples."),
+    pub: Path = typer.Option(None, "--pub", help="Verify a bundle's signature with this minisign public key."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
-    """Compare a quantized model with its original; exit 1 when the recipe's accuracy goal is missed."""
+    """Compare a quantized model with its original; exit 1 when the recipe's accuracy goal is missed.
+
+    The task is the recipe's ``[postprocess]`` as a whole (a detector's head and thresholds
+    included), else the bundle's, else inferred from the original's outputs, as ``package`` does:
+    the verdict is the one ``package`` gave. A bundle brings its FP16 layers too (the manifest's
+    ``layer_precisions``), rounded as the board computes them; a bare ONNX file cannot say which
+    layers the board runs in FP16, so they are measured in FP32 and the output says so.
+    """
+    import tempfile
+
     from cuvil_edge.packager.data import load_dataset, with_batch_axes
     from cuvil_edge.packager.load import load_model, model_inputs
     from cuvil_edge.packager.package import resolve_model
@@ -233,20 +246,48 @@ def validate_cmd(
 
     rec = load_recipe(recipe) if recipe else None
     ref = load_model(resolve_model(reference))
-    cand = load_model(candidate)
+    with tempfile.TemporaryDirectory(prefix="cuvil-validate-") as tmp:
+        cand, fp16_nodes, bundle_post = _validate_candidate(Path(candidate), Path(tmp), pub)
     pre = rec.preprocess if rec else {"kind": "none"}
     data = load_dataset(eval_data, with_batch_axes(model_inputs(ref), rec.batch_axes if rec else None), pre,
                         samples, seed=100)
-    kind = rec.postprocess.get("kind", "classification") if rec else "classification"
-    # The candidate as the target computes it (exact Q/DQ emulation), not through this host's INT8 kernels.
-    report = validate_models(make_session(ref), make_session(target_arithmetic(cand)), data, kind,
+    declared = rec.postprocess if rec and rec.postprocess.get("kind") not in (None, "", "none") else None
+    post = declared or bundle_post
+    # The candidate as the target computes it (exact Q/DQ emulation, FP16 layers rounded), not
+    # through this host's INT8 kernels.
+    report = validate_models(make_session(ref), make_session(target_arithmetic(cand, fp16_nodes)), data, post,
                              rec.accuracy if rec else AccuracyGoal())
     if as_json:
-        print(json.dumps(report.to_dict(), indent=2))
+        print(json.dumps({**report.to_dict(), "fp16_layers": fp16_nodes}, indent=2))
     else:
         print_table(_metrics_table(f"{candidate} vs {reference}", report.primary))
+        task = report.extra.get("task") or {}
+        task_metrics = {k: v for k, v in (report.extra.get("task_metrics") or {}).items()
+                        if isinstance(v, int | float) and not isinstance(v, bool)}
+        if task_metrics:
+            print_table(_metrics_table(f"task: {task.get('kind', '?')}", task_metrics))
+        if fp16_nodes is None:
+            console.print("note: a bare ONNX file does not say which layers the board runs in FP16; pass the "
+                          "bundle (.cvb) to measure them rounded")
     report.raise_if_failed(str(candidate))
     console.print("[green]PASSED[/] accuracy goal met")
+
+
+def _validate_candidate(candidate: Path, tmp: Path, pub: Path | None,
+                        ) -> tuple[onnx.ModelProto, list[str] | None, dict[str, Any] | None]:
+    """The candidate model, its FP16 layers (None: not known) and its bundle's post-processing."""
+    import tarfile
+
+    from cuvil_edge.bundle.container import extract_bundle
+    from cuvil_edge.packager.load import load_model
+
+    if candidate.is_file() and tarfile.is_tarfile(candidate):
+        manifest = extract_bundle(candidate, tmp / "bundle", pub)
+        precisions = manifest.raw.get("layer_precisions") or {}
+        fp16 = precisions.get("fp16") if isinstance(precisions, dict) else None
+        return (load_model(tmp / "bundle" / manifest.model), [str(n) for n in fp16 or []],
+                dict(manifest.postprocess or {}) or None)
+    return load_model(candidate), None, None
 
 
 def inspect_cmd(

@@ -89,6 +89,19 @@ OUTCOME: dict[tuple[str, str, str], str | None] = {
     ("mtcnn-onet", ARM, "int8"): None,
     ("mtcnn-onet", ORIN, "mixed"): None,
 }
+# Verdicts that sit on the host's float rounding: the mixed search ranks layer groups by measured
+# loss, and on 12 held-out samples one flipped decision crosses the goal. ONNX Runtime's CPU kernels
+# (and its NCHWc layout, blocked by the host's vector width) round differently on AVX-512 and AVX2
+# hosts: each of these ships where the figures above were taken and is refused on a 2-core AMD EPYC
+# with AVX2 only (ocr-rec CER 0.0714, ocr-cls confident top-1 0.917 = 1 of 12 lines, ddddocr-det
+# recall 0.881), where graph optimisations at "extended" (no NCHWc) give ocr-cls and ddddocr-det
+# back. Either verdict is accepted for these; each still holds: shipped means the task metric met,
+# refused means refused on this metric.
+HOST_EDGE: dict[tuple[str, str, str], str] = {
+    ("ocr-rec", ORIN, "mixed"): "char_error_rate",
+    ("ocr-cls", ORIN, "mixed"): "confident_top1_agreement",
+    ("ddddocr-det", ORIN, "mixed"): "recall",
+}
 # Models left out of the matrix (none today: Magika's scores were softmaxed twice, so its FP32 model
 # was never confident, and its CPU form failed in ONNX Runtime's quantizer on a [1, C] Gemm bias).
 BLOCKED: set[str] = set()
@@ -116,8 +129,10 @@ def _recipe(name: str, target: str, precision: str, folders: dict[str, tuple[Pat
         "data": str(ev), "samples": 1000, "sensitivity_samples": SEARCH.get(name, 4)}), "corpus")
 
 
-# Models whose every bundle also goes through `cuvil-edge validate` with its recipe (a subprocess each).
+# Models whose every bundle also goes through `cuvil-edge validate` with its recipe (a subprocess each),
+# and the metric of each task that its table must show.
 VALIDATE_CLI = {"ddddocr-det", "mtcnn-onet"}
+TASK_METRIC = {"detection": "recall", "keypoints": "pck"}
 
 
 def _toml(data: dict) -> str:
@@ -140,19 +155,26 @@ def _toml(data: dict) -> str:
 
 def _validate_cli(name: str, target: str, precision: str, bundle: Path, passed: bool, failures: list[str],
                   folders: dict[str, tuple[Path, Path]], cli, tmp_path: Path) -> None:
-    """`cuvil-edge validate` takes the bundled model with the recipe: the gate's verdict, no traceback."""
+    """`cuvil-edge validate` on the bundle with its recipe measures the recipe's task (a detector's
+    recall, not only cosine) with the bundle's FP16 layers: the verdict ``package`` gave, no traceback.
+    On the bare model.onnx it measures the task too (FP16 layers unknown to it: in FP32)."""
     cal, ev = folders[name]
     recipe = tmp_path / f"{name}.toml"
     recipe.write_text(_toml(recipe_dict(name, target, precision, cal, ev)))
     model = tmp_path / f"{name}-bundled.onnx"
     with tarfile.open(bundle) as tar:
         model.write_bytes(tar.extractfile("model.onnx").read())
-    res = cli("validate", str(model_path(name)), str(model), "--eval", str(ev), "--recipe", str(recipe),
-              "--samples", "1000", env={"COLUMNS": "300"})
-    assert "Traceback" not in res.stderr, res.stderr
-    assert res.returncode == (0 if passed else 1), res.stdout + res.stderr
-    if not passed:
-        assert failures[0].split(" ")[0] in res.stdout + res.stderr, res.stdout + res.stderr
+    metric = TASK_METRIC[CORPUS[name].task]
+    for candidate in (bundle, model):
+        res = cli("validate", str(model_path(name)), str(candidate), "--eval", str(ev), "--recipe", str(recipe),
+                  "--samples", "1000", env={"COLUMNS": "300"})
+        out = res.stdout + res.stderr
+        assert "Traceback" not in res.stderr, res.stderr
+        assert metric in out, out  # the task's own metric was measured
+        if candidate == bundle:
+            assert res.returncode == (0 if passed else 1), out
+            if not passed:
+                assert failures[0].split(" ")[0] in out, out
 
 
 def _check_task(kind: str, m: dict) -> None:
@@ -182,6 +204,7 @@ def test_corpus_model_keeps_its_task_or_is_refused_naming_it(name, target, preci
     recipe = _recipe(name, target, precision, folders)
     out = tmp_path / f"{name}.cvb"
     expected = OUTCOME[(name, target, precision)]
+    edge = HOST_EDGE.get((name, target, precision))
     # The gate's verdict without its keep-float advice, which ranks every layer group on a miss (minutes
     # for NudeNet here); test_a_refusal_names_the_metric_and_writes_no_bundle runs the refusal itself.
     result = package(recipe, out, keypair[0], enforce_goal=False)
@@ -191,10 +214,11 @@ def test_corpus_model_keeps_its_task_or_is_refused_naming_it(name, target, preci
         _validate_cli(name, target, precision, out, validation["passed"], validation["failures"], folders, cli,
                       tmp_path)
     if not validation["passed"]:
-        assert expected is not None, f"{name} {target} {precision} was refused: {validation['failures']}"
-        assert any(f.startswith(f"{expected} ") for f in validation["failures"]), validation["failures"]
+        refused_on = expected or edge
+        assert refused_on is not None, f"{name} {target} {precision} was refused: {validation['failures']}"
+        assert any(f.startswith(f"{refused_on} ") for f in validation["failures"]), validation["failures"]
         return
-    assert expected is None, f"{name} {target} {precision} now ships ({task}): update OUTCOME"
+    assert expected is None or edge is not None, f"{name} {target} {precision} now ships ({task}): update OUTCOME"
     assert result.report["validation"]["task"]["kind"] == CORPUS[name].task
     _check_task(CORPUS[name].task, task)
     with tarfile.open(out) as tar:
