@@ -55,6 +55,7 @@ class Config:
     grpc_max_message_mb: float | None = None
     grpc_max_streams: int = 100
     grpc_max_rpcs: int = 256
+    grpc_io: str = "poller"
     shared_memory: bool = True
     token: str | None = None
     token_file: Path | None = None
@@ -136,6 +137,8 @@ OPTIONS: dict[str, tuple[Any, str]] = {
     "grpc_max_streams": (int, "HTTP/2 streams (calls) open at once per gRPC connection"),
     "grpc_max_rpcs": (int, "authenticated gRPC calls in progress at once (health calls apart); more get "
                       "RESOURCE_EXHAUSTED"),
+    "grpc_io": (str, "poller | engine: which threads read and write gRPC's sockets: the transport's "
+                "poller (two thread wake-ups fewer per call) or grpc core's EventEngine pool"),
     "shared_memory": (_bool, "serve Triton's system shared-memory extension (tensors in /dev/shm regions a "
                       "local client registers); 0 refuses every region"),
     "token": (str, "require 'Authorization: Bearer <token>' on every endpoint but /v2/health/*; "
@@ -240,6 +243,8 @@ def load(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
         raise DaemonError(f"--grpc-port {cfg.grpc_port}: use 0..65535")
     if cfg.grpc_max_message_mb is not None and cfg.grpc_max_message_mb <= 0:
         raise DaemonError(f"--grpc-max-message-mb {cfg.grpc_max_message_mb}: must be positive")
+    if cfg.grpc_io not in ("poller", "engine"):
+        raise DaemonError(f"--grpc-io {cfg.grpc_io!r}: use poller or engine")
     if cfg.grpc_max_streams < 1 or cfg.grpc_max_rpcs < 1:
         raise DaemonError("--grpc-max-streams and --grpc-max-rpcs must be at least 1")
     if cfg.max_body_mb <= 0:

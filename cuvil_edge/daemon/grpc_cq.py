@@ -13,7 +13,9 @@ the server's request for new calls itself, and hands events to the loop in burst
 ``call_soon_threadsafe`` for whatever arrived while the loop was busy). Every decision about a
 call is taken on the loop thread, as every other request of the daemon is, so the inference core,
 the budget of buffered bytes and the counters stay single-threaded. Batches are started from the
-loop (grpc core's calls are thread-safe).
+loop (grpc core's calls are thread-safe). With :func:`choose_io` ``poller`` (the daemon's default)
+the core reads the sockets on that poller thread too, inside ``poll``, instead of on its
+EventEngine threads, which would hand each call over to it: two thread wake-ups fewer per call.
 
 The core allows one operation of each kind in flight per call (one receive, one send); callers of
 :class:`ServerCall` keep to that. grpcio marks ``grpc._cython.cygrpc`` internal: the names used
@@ -25,6 +27,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import sys
 import threading
 import time
 from collections import OrderedDict, deque
@@ -33,7 +37,7 @@ from typing import Any
 
 from cuvil_edge.errors import DaemonError
 
-__all__ = ["CompletionQueueServer", "OnPoller", "ServerCall", "check_core"]
+__all__ = ["IO_MODES", "CompletionQueueServer", "OnPoller", "ServerCall", "check_core", "choose_io"]
 
 log = logging.getLogger("cuvil_edge.daemon.grpc")
 
@@ -43,6 +47,36 @@ _CORE_NAMES = ("CompletionQueue", "Server", "CompletionType", "ReceiveMessageOpe
 _REQUEST_CALL = "request-call"
 _SHUTDOWN = "shutdown"
 _CALLS_REQUESTED = 32  # new-call requests kept open at once (grpcio's sync server keeps one)
+
+
+# Where grpc core reads and writes the sockets (``--grpc-io``). ``engine``: its EventEngine's own
+# threads (the core's default since 1.6x), which then hand each call to the thread polling the
+# completion queue: two more thread wake-ups per call. ``poller``: the experiments below turned
+# off, the core's iomgr path, whose reads run on the thread that polls the queue (the transport's
+# poller). Each name is known to every grpcio of the range pyproject pins (checked in the 1.76,
+# 1.80 and 1.85 wheels; the core logs an error for a name it does not know).
+IO_MODES = ("poller", "engine")
+_ENGINE_IO_EXPERIMENTS = ("event_engine_listener", "event_engine_client", "event_engine_for_all_other_endpoints")
+_EXPERIMENTS_ENV = "GRPC_EXPERIMENTS"
+
+
+def choose_io(mode: str, environ: dict[str, str] | None = None) -> bool:
+    """Set where grpc core does this process's socket I/O; call it before grpc is imported.
+
+    The core reads ``GRPC_EXPERIMENTS`` once, when it starts (at ``import grpc``). A value the
+    user set that names any of these experiments is theirs and stays as it is. Returns whether
+    the choice takes effect (False: grpc had started already in this process, as in a test that
+    runs the daemon beside its own gRPC clients).
+    """
+    env = os.environ if environ is None else environ
+    if mode == "engine":
+        return True  # the core's default
+    current = env.get(_EXPERIMENTS_ENV, "")
+    named = {part.strip().lstrip("-") for part in current.split(",") if part.strip()}
+    if not named & set(_ENGINE_IO_EXPERIMENTS):
+        off = ",".join("-" + name for name in _ENGINE_IO_EXPERIMENTS)
+        env[_EXPERIMENTS_ENV] = f"{current},{off}" if current else off
+    return "grpc" not in sys.modules
 
 
 def _core() -> Any:
@@ -72,7 +106,7 @@ class ServerCall:
     operations with their results).
     """
 
-    __slots__ = ("call", "method", "metadata", "admitted", "overdue", "deadline", "_posted", "_metadata_sent", "_ops",
+    __slots__ = ("call", "method", "metadata", "admitted", "overdue", "deadline", "posted", "_metadata_sent", "_ops",
                  "_early", "_early_event")
 
     def __init__(self, call: Any, method: bytes, metadata: tuple[tuple[str, Any], ...], ops: Any) -> None:
@@ -82,7 +116,7 @@ class ServerCall:
         self.admitted = False  # the transport's ``admit`` took it (and armed its first receive)
         self.overdue = False  # admitted, and its message did not come within the transport's timeout
         self.deadline = 0.0  # when an admitted call's message is overdue (time.time())
-        self._posted = False  # handed to the loop (poller thread only)
+        self.posted = False  # handed to the loop: set and read by the transport's poller thread only
         self._metadata_sent = False
         self._ops = ops
         self._early = False  # a first receive started before the loop saw the call
@@ -335,14 +369,14 @@ class CompletionQueueServer:
             if call.arm_receive(lambda ev: self._arrived(call, ev)):
                 self._half_open[call] = None
                 return None
-        call._posted = True
+        call.posted = True
         return call
 
     def _arrived(self, call: ServerCall, event: Any) -> None:
-        if call._posted:
+        if call.posted:
             return  # overdue, handed over already: the loop has cancelled it
         self._half_open.pop(call, None)
-        call._posted = True
+        call.posted = True
         call.took_early(event)
         self._post(call)
 
@@ -354,7 +388,7 @@ class CompletionQueueServer:
             if call.deadline > now:
                 return
             half_open.popitem(last=False)
-            call._posted = call.overdue = True
+            call.posted = call.overdue = True
             self._post(call)
 
     # ------------------------------------------------------------------ loop thread

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import threading
 import types
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -128,3 +131,59 @@ def test_an_admitted_call_reaches_the_loop_once_with_its_message_read():
 
     asyncio.run(main())
     assert seen == [(b"/t/Early", True, True), (b"/t/Late", False, False)]
+
+
+def _thread_ticks(pid: int) -> dict[str, int]:
+    """CPU clock ticks so far of a process's threads, by thread name."""
+    out: dict[str, int] = {}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            name = Path(f"/proc/{pid}/task/{tid}/comm").read_text().strip()
+            fields = Path(f"/proc/{pid}/task/{tid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:  # the thread ended meanwhile
+            continue
+        out[name] = out.get(name, 0) + int(fields[11]) + int(fields[12])
+    return out
+
+
+def _event_engine_share(d: Any, x: np.ndarray, calls: int) -> tuple[int, int]:
+    """(ticks of grpc core's EventEngine threads, ticks of all threads) over ``calls`` infers."""
+    c = d.grpc_client()
+    inp = grpcclient.InferInput("input", [1, 1, 8, 8], "FP32")
+    inp.set_data_from_numpy(x)
+    for _ in range(50):
+        c.infer("digits", [inp])
+    before = _thread_ticks(d.proc.pid)
+    for _ in range(calls):
+        c.infer("digits", [inp])
+    after = _thread_ticks(d.proc.pid)
+    spent = {k: v - before.get(k, 0) for k, v in after.items()}
+    return sum(v for k, v in spent.items() if k.startswith("event_engine")), sum(spent.values())
+
+
+def test_grpc_io_poller_does_the_socket_work_on_the_transports_own_thread(store, daemon_factory, digits_data):
+    """``--grpc-io poller`` (the default) takes grpc core's reads off its EventEngine threads: each
+    call then wakes two threads fewer. ``engine`` leaves them there (grpc core's default); the
+    option must be applied before grpc is imported, or it silently does nothing."""
+    x = np.ascontiguousarray(digits_data[:1], np.float32)
+    engine_ticks, engine_all = _event_engine_share(daemon_factory(store, "--grpc-io", "engine"), x, 2000)
+    poller_ticks, poller_all = _event_engine_share(daemon_factory(store), x, 2000)
+    assert engine_ticks >= 5, f"grpc core's EventEngine threads did {engine_ticks} of {engine_all} ticks' work"
+    assert poller_ticks / poller_all < 0.4 * engine_ticks / engine_all, (
+        f"EventEngine threads: {poller_ticks}/{poller_all} ticks with --grpc-io poller, "
+        f"{engine_ticks}/{engine_all} with engine")
+
+
+def test_choose_io_turns_the_engines_io_off_and_keeps_what_the_user_set():
+    env: dict[str, str] = {}
+    grpc_cq.choose_io("poller", env)
+    assert env["GRPC_EXPERIMENTS"] == ("-event_engine_listener,-event_engine_client,"
+                                       "-event_engine_for_all_other_endpoints")
+    env = {"GRPC_EXPERIMENTS": "tcp_rcv_lowat"}
+    grpc_cq.choose_io("poller", env)
+    assert env["GRPC_EXPERIMENTS"].startswith("tcp_rcv_lowat,-event_engine_listener,")
+    env = {"GRPC_EXPERIMENTS": "event_engine_listener"}  # the user's own choice about these
+    grpc_cq.choose_io("poller", env)
+    assert env["GRPC_EXPERIMENTS"] == "event_engine_listener"
+    env = {}
+    assert grpc_cq.choose_io("engine", env) and env == {}
