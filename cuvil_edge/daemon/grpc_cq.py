@@ -58,6 +58,18 @@ _CALLS_REQUESTED = 32  # new-call requests kept open at once (grpcio's sync serv
 IO_MODES = ("poller", "engine")
 _ENGINE_IO_EXPERIMENTS = ("event_engine_listener", "event_engine_client", "event_engine_for_all_other_endpoints")
 _EXPERIMENTS_ENV = "GRPC_EXPERIMENTS"
+_NAMES_CHECKED = ((1, 76), (1, 85))  # grpcio minor releases whose core was seen to know every name above
+
+
+def _grpcio_release() -> tuple[int, int] | None:
+    """grpcio's (major, minor) from its metadata, without importing it (None: unknown)."""
+    from importlib import metadata
+
+    try:
+        major, minor = metadata.version("grpcio").split(".")[:2]
+        return int(major), int(minor)
+    except (metadata.PackageNotFoundError, ValueError):
+        return None
 
 
 def choose_io(mode: str, environ: dict[str, str] | None = None) -> bool:
@@ -71,12 +83,20 @@ def choose_io(mode: str, environ: dict[str, str] | None = None) -> bool:
     env = os.environ if environ is None else environ
     if mode == "engine":
         return True  # the core's default
+    release = _grpcio_release()
+    if release is None or not _NAMES_CHECKED[0] <= release <= _NAMES_CHECKED[1]:
+        log.info("--grpc-io poller: grpcio %s is not a release whose core these experiment names were "
+                 "checked in; its EventEngine keeps the sockets", ".".join(map(str, release or ("?",))))
+        return False
     current = env.get(_EXPERIMENTS_ENV, "")
     named = {part.strip().lstrip("-") for part in current.split(",") if part.strip()}
     if not named & set(_ENGINE_IO_EXPERIMENTS):
         off = ",".join("-" + name for name in _ENGINE_IO_EXPERIMENTS)
         env[_EXPERIMENTS_ENV] = f"{current},{off}" if current else off
-    return "grpc" not in sys.modules
+    if "grpc" in sys.modules:
+        log.info("--grpc-io poller: grpc core started earlier in this process; it keeps its threads")
+        return False
+    return True
 
 
 def _core() -> Any:

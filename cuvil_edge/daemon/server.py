@@ -285,9 +285,8 @@ class Server:
         """Start the gRPC front end (same app, models and limits) unless it is turned off."""
         from cuvil_edge.daemon.grpc_cq import choose_io
 
-        if self.config.grpc and not choose_io(self.config.grpc_io):  # before grpc is first imported
-            log.info("--grpc-io %s: grpc core started earlier in this process; it keeps its threads",
-                     self.config.grpc_io)
+        if self.config.grpc:
+            choose_io(self.config.grpc_io)  # before grpc is first imported; it logs why when it cannot
         from cuvil_edge.daemon.grpc_server import grpc_address
 
         if grpc_address(self.config) is None:

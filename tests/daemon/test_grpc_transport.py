@@ -174,7 +174,7 @@ def test_grpc_io_poller_does_the_socket_work_on_the_transports_own_thread(store,
         f"{engine_ticks}/{engine_all} with engine")
 
 
-def test_choose_io_turns_the_engines_io_off_and_keeps_what_the_user_set():
+def test_choose_io_turns_the_engines_io_off_and_keeps_what_the_user_set(monkeypatch):
     env: dict[str, str] = {}
     grpc_cq.choose_io("poller", env)
     assert env["GRPC_EXPERIMENTS"] == ("-event_engine_listener,-event_engine_client,"
@@ -187,3 +187,6 @@ def test_choose_io_turns_the_engines_io_off_and_keeps_what_the_user_set():
     assert env["GRPC_EXPERIMENTS"] == "event_engine_listener"
     env = {}
     assert grpc_cq.choose_io("engine", env) and env == {}
+    monkeypatch.setattr(grpc_cq, "_grpcio_release", lambda: (1, 99))  # names not checked there
+    env = {}
+    assert not grpc_cq.choose_io("poller", env) and env == {}
