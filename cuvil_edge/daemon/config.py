@@ -16,6 +16,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from cuvil_edge.daemon.grpc_cq import IO_MODES
 from cuvil_edge.daemon.limits import Limits
 from cuvil_edge.errors import DaemonError
 
@@ -243,8 +244,8 @@ def load(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
         raise DaemonError(f"--grpc-port {cfg.grpc_port}: use 0..65535")
     if cfg.grpc_max_message_mb is not None and cfg.grpc_max_message_mb <= 0:
         raise DaemonError(f"--grpc-max-message-mb {cfg.grpc_max_message_mb}: must be positive")
-    if cfg.grpc_io not in ("poller", "engine"):
-        raise DaemonError(f"--grpc-io {cfg.grpc_io!r}: use poller or engine")
+    if cfg.grpc_io not in IO_MODES:
+        raise DaemonError(f"--grpc-io {cfg.grpc_io!r}: use {' or '.join(IO_MODES)}")
     if cfg.grpc_max_streams < 1 or cfg.grpc_max_rpcs < 1:
         raise DaemonError("--grpc-max-streams and --grpc-max-rpcs must be at least 1")
     if cfg.max_body_mb <= 0:

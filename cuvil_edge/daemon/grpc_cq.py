@@ -77,8 +77,9 @@ def choose_io(mode: str, environ: dict[str, str] | None = None) -> bool:
 
     The core reads ``GRPC_EXPERIMENTS`` once, when it starts (at ``import grpc``). A value the
     user set that names any of these experiments is theirs and stays as it is. Returns whether
-    the choice takes effect (False: grpc had started already in this process, as in a test that
-    runs the daemon beside its own gRPC clients).
+    the choice takes effect (False, with the reason logged: grpc had started already in this
+    process, as in a test that runs the daemon beside its own gRPC clients, or the installed
+    grpcio is not a release these names were checked in).
     """
     env = os.environ if environ is None else environ
     if mode == "engine":

@@ -262,8 +262,9 @@ def validate_cmd(
     else:
         print_table(_metrics_table(f"{candidate} vs {reference}", report.primary))
         task = report.extra.get("task") or {}
+        shown = report.primary  # the decoded output's entry carries the task's metrics already
         task_metrics = {k: v for k, v in (report.extra.get("task_metrics") or {}).items()
-                        if isinstance(v, int | float) and not isinstance(v, bool)}
+                        if k not in shown and isinstance(v, int | float) and not isinstance(v, bool)}
         if task_metrics:
             print_table(_metrics_table(f"task: {task.get('kind', '?')}", task_metrics))
         if fp16_nodes is None:
