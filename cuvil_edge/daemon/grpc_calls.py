@@ -195,19 +195,20 @@ class CallPolicy:
         authorized metadata, a place under ``--grpc-max-rpcs``. A call let in holds its place;
         any other call goes to :meth:`on_call` unread, which refuses it or reads it later.
         """
-        method = self.methods.get(call.method)
+        method = call.route = self.methods.get(call.method)
         if method is None or method.kind not in ("unary", "infer"):
             return False
         return self.frontend.authorized(call.metadata) and self.gate.enter(count_refusal=False)
 
     def on_call(self, call: ServerCall) -> None:
         """A new call, before its message is read (loop thread)."""
-        if call.admitted:
-            _Unary(self, call, self.methods[call.method]).start()
-            return
-        method = self.methods.get(call.method)
+        # ``admit`` (when the transport has one) looked the method up already: one lookup a call.
+        method: Method | None = call.route if call.route is not None else self.methods.get(call.method)
         if method is None:
             call.finish(code_of(grpc.StatusCode.UNIMPLEMENTED), "Method not found!")
+            return
+        if call.admitted:
+            _Unary(self, call, method).start()
             return
         frontend = self.frontend
         if method.kind == "open":

@@ -127,13 +127,14 @@ class ServerCall:
     operations with their results).
     """
 
-    __slots__ = ("call", "method", "metadata", "admitted", "overdue", "deadline", "posted", "_metadata_sent", "_ops",
-                 "_early", "_early_event")
+    __slots__ = ("call", "method", "metadata", "route", "admitted", "overdue", "deadline", "posted", "_metadata_sent",
+                 "_ops", "_early", "_early_event")
 
     def __init__(self, call: Any, method: bytes, metadata: tuple[tuple[str, Any], ...], ops: Any) -> None:
         self.call = call
         self.method = method
         self.metadata = metadata
+        self.route: Any = None  # what ``admit`` resolved ``method`` to, kept so ``on_call`` need not look again
         self.admitted = False  # the transport's ``admit`` took it (and armed its first receive)
         self.overdue = False  # admitted, and its message did not come within the transport's timeout
         self.deadline = 0.0  # when an admitted call's message is overdue (time.time())

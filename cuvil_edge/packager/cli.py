@@ -241,6 +241,7 @@ def validate_cmd(
     from cuvil_edge.packager.load import load_model, model_inputs
     from cuvil_edge.packager.package import resolve_model
     from cuvil_edge.packager.quantize import target_arithmetic
+    from cuvil_edge.packager.tasks import declares_task
     from cuvil_edge.packager.validate import make_session, validate_models
     from cuvil_edge.recipes import AccuracyGoal, load_recipe
 
@@ -251,7 +252,7 @@ def validate_cmd(
     pre = rec.preprocess if rec else {"kind": "none"}
     data = load_dataset(eval_data, with_batch_axes(model_inputs(ref), rec.batch_axes if rec else None), pre,
                         samples, seed=100)
-    declared = rec.postprocess if rec and rec.postprocess.get("kind") not in (None, "", "none") else None
+    declared = rec.postprocess if rec and declares_task(rec.postprocess) else None
     post = declared or bundle_post
     # The candidate as the target computes it (exact Q/DQ emulation, FP16 layers rounded), not
     # through this host's INT8 kernels.

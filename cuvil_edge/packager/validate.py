@@ -21,7 +21,15 @@ import onnxruntime as ort
 
 from cuvil_edge.errors import AccuracyError, ModelError
 from cuvil_edge.packager.data import Dataset
-from cuvil_edge.packager.tasks import TaskSpec, classification, measure, resolve_task, segmentation, stream
+from cuvil_edge.packager.tasks import (
+    TaskSpec,
+    classification,
+    measure,
+    needs_outputs,
+    resolve_task,
+    segmentation,
+    stream,
+)
 from cuvil_edge.packager.tasks import goal_failures as _task_goal_failures
 from cuvil_edge.packager.tasks._common import output_figures
 from cuvil_edge.recipes import AccuracyGoal
@@ -187,7 +195,7 @@ def task_for(reference: ort.InferenceSession, data: Dataset, kind: str | dict[st
     if isinstance(kind, TaskSpec):
         return kind
     post = {"kind": kind} if isinstance(kind, str) else dict(kind or {"kind": "none"})
-    if post.get("kind") in (None, "", "none") or (post["kind"] == "detection" and "head" not in post):
+    if needs_outputs(post):
         feed = next(data.batches(1))[2]  # one sample: its outputs' shapes are exact (state axes too)
         names = [o.name for o in reference.get_outputs()]
         values = dict(zip(names, reference.run(names, feed), strict=True))
@@ -200,7 +208,7 @@ def probe_task(model: onnx.ModelProto, post: dict[str, Any] | None = None) -> tu
     the outputs of one run on a random input (dynamic dims set to 1 for the batch, 256 for an image's height and width, 64 elsewhere).
 
     Returns ``(spec, "")``, or ``(None, why)`` when the model cannot be run on a made-up input."""
-    if post and post.get("kind") not in (None, "", "none") and (post.get("kind") != "detection" or "head" in post):
+    if post and not needs_outputs(post):
         return resolve_task(post), ""
     rng = np.random.default_rng(0)
     try:

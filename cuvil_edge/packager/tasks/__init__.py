@@ -31,8 +31,8 @@ from cuvil_edge.packager.tasks import (
 from cuvil_edge.packager.tasks._common import Outputs, output_figures
 from cuvil_edge.recipes import TASK_KINDS, AccuracyGoal
 
-__all__ = ["GOAL_METRICS", "SHARE_OF", "TASKS", "Task", "TaskSpec", "goal_failures", "infer_task", "measure", "resolve_task",
-           "search_error"]
+__all__ = ["GOAL_METRICS", "SHARE_OF", "TASKS", "Task", "TaskSpec", "declares_task", "goal_failures", "infer_task",
+           "measure", "needs_outputs", "resolve_task", "search_error"]
 
 Metric = Callable[[Outputs, Outputs, dict[str, Any], "np.ndarray | None"], dict[str, Any]]
 
@@ -150,6 +150,20 @@ def infer_task(values: Outputs, feed: dict[str, np.ndarray] | None = None) -> Ta
                     + (f", state {found['state']}" if "state" in found else ""))
 
 
+def declares_task(post: dict[str, Any] | str | None) -> bool:
+    """Whether a ``[postprocess]`` spec (or kind name) names a task, rather than leaving it to be inferred."""
+    kind = post if isinstance(post, str) or post is None else post.get("kind")
+    return kind not in (None, "", "none")
+
+
+def needs_outputs(post: dict[str, Any] | str | None) -> bool:
+    """Whether :func:`resolve_task` needs the original's outputs for this spec: no task declared, or
+    a detection that does not say its head (read from the outputs' shapes)."""
+    if not declares_task(post):
+        return True
+    return isinstance(post, dict) and post.get("kind") == "detection" and "head" not in post
+
+
 def resolve_task(post: dict[str, Any] | str | None, values: Outputs | None = None,
                  feed: dict[str, np.ndarray] | None = None) -> TaskSpec:
     """The declared task (a ``[postprocess]`` spec or a kind name), or the one inferred from ``values``."""
@@ -165,7 +179,7 @@ def resolve_task(post: dict[str, Any] | str | None, values: Outputs | None = Non
             guess = detection.infer(_shapes(values), values)
             spec = {**(guess or {}), **spec}
         return TaskSpec(spec, inferred=False, reason="declared")
-    if kind not in ("none", "", None):
+    if declares_task(kind):
         raise RecipeError(f"unknown task kind '{kind}' (known: {', '.join(TASKS)})")
     if values is None:
         raise RecipeError("no task given and no outputs to infer it from: set [postprocess] kind or --kind")
