@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import gc
 import logging
 import os
 import signal
@@ -35,6 +34,7 @@ from cuvil_edge._test_hooks import FAULT_HOOKS_ENV, fault_hooks_enabled, stall_f
 from cuvil_edge.bundle.activation import can_write_state, expired_pending, revert_expired
 from cuvil_edge.daemon.accept import Acceptor, connection_cap, listen_tcp, listen_unix
 from cuvil_edge.daemon.config import Config
+from cuvil_edge.daemon.footprint import freeze_heap, page_out_libraries, trim_heap
 from cuvil_edge.daemon.gpu_metrics import GpuMetrics, power_limit_w
 from cuvil_edge.daemon.http import HttpProtocol
 from cuvil_edge.daemon.infer import MemoryRefused
@@ -58,30 +58,6 @@ access = logging.getLogger("cuvil_edge.daemon.access").info  # --access-log
 
 STARTUP_FAILURE = 3  # exit code, as uvicorn's
 REVERT_CHECK_S = 1.0  # how often the tick looks for deploy switches past their confirm deadline
-
-
-def trim_heap() -> None:
-    """Hand the C heap's free pages back to the kernel (glibc's ``malloc_trim``): loading and
-    warming models frees tens of MB that glibc keeps mapped otherwise (measured on
-    EfficientNet-Lite0: about 20 MB). A no-op where the C library has no such call."""
-    import ctypes
-    import ctypes.util
-
-    name = ctypes.util.find_library("c")
-    try:
-        libc = ctypes.CDLL(name) if name else None
-        if libc is not None and hasattr(libc, "malloc_trim"):
-            libc.malloc_trim(0)
-    except OSError:
-        pass
-
-
-def freeze_heap() -> None:
-    """Collect once, then move every object alive now (modules, sessions, manifests) out of the
-    garbage collector's generations (``gc.freeze``), so the periodic full collections that
-    request garbage triggers only walk young objects: fewer multi-millisecond pauses in p99."""
-    gc.collect()
-    gc.freeze()
 
 
 class Server:
@@ -185,14 +161,21 @@ class Server:
             # Serving nothing at all is a failed start (exit 3), not a daemon that reports ready.
             raise DaemonError(f"no model can serve: {len(failed)} failed to load "
                               f"({', '.join(sorted(failed))}); see the errors above")
-        freeze_heap()
-        trim_heap()
+        self._settle_memory()
         self.state.ready = True
         self.state.phase = "ready"
         loaded = [f"{i.name}:{i.version}" for i in self.registry.instances()]
         log.info("cuvil-edged ready on %s serving %s", ", ".join(self.bound), ", ".join(loaded) or "no models")
         self.resources.notify("READY=1", f"MAINPID={os.getpid()}",
                               f"STATUS=serving {len(loaded)} model(s) on {', '.join(self.bound)}")
+
+    def _settle_memory(self) -> None:
+        """After models load (start-up, a reload): hand back what loading left resident and
+        serving does not use (see :mod:`cuvil_edge.daemon.footprint`)."""
+        freeze_heap()
+        trim_heap()
+        if self.config.page_out:
+            page_out_libraries()
 
     def _reserve_request_buffers(self) -> None:
         """Reserve the bytes connections may buffer in the memory budget, so models fit beside them.
@@ -352,6 +335,8 @@ class Server:
                 await self.registry.unload(name)
                 done[name] = "unloaded"
         log.info("store reload: %s", ", ".join(f"{k} {v}" for k, v in done.items()) or "nothing to do")
+        if any(v in ("loaded", "swapped", "unloaded") for v in done.values()):
+            self._settle_memory()
         self.resources.notify("READY=1", f"STATUS=reloaded: {len(self.registry.instances())} model(s) serving")
         return done
 

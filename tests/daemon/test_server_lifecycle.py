@@ -5,6 +5,7 @@ from __future__ import annotations
 import http.client
 import json
 import os
+import re
 import signal
 import threading
 import time
@@ -291,6 +292,15 @@ class TestStartup:
 
 
 class TestMemory:
+    def test_library_pages_loading_read_are_handed_back_once_ready(self, store, daemon_factory):
+        d = daemon_factory(store)
+        m = re.search(r"handed back ([\d.]+) MB of library pages", d.log)
+        assert m is not None, d.log  # reported, with what it freed (pages the test process maps too stay)
+        assert d.log.index("handed back") < d.log.index("ready on")  # before the daemon says it is ready
+        assert d.client().is_model_ready("digits")
+        off = daemon_factory(store, "--page-out", "0")
+        assert "library pages" not in off.log
+
     def test_model_over_budget_is_refused_with_507(self, store, daemon_factory):
         # Orin Nano 8 GB with all but 40 MiB reserved: the digits bundle's estimate does not fit.
         d = daemon_factory(store, "--board", "orin-nano-8gb", "--memory-reserve-mb", str(8192 - 40))
