@@ -343,9 +343,26 @@ def check_install_daemon(ctx: SuiteContext) -> dict[str, Any]:
         # install-daemon adds jtop (a drop-in) because this board has the group.
         missing = {"video", "render", "jtop"} - set(groups)
         _expect(not missing, f"the daemon runs without group(s) {sorted(missing)} (it has {groups})")
+    paged_out = _paged_out_mb(ctx)
     return {"install": entry.get("status"), "as": ctx.board.user, "sudo": entry.get("sudo"),
             "state": f"{state['ActiveState']}/{state['SubState']}",
-            "status_text": state.get("StatusText"), "ready_seconds": ready_s, "enabled": enabled, "groups": groups}
+            "status_text": state.get("StatusText"), "ready_seconds": ready_s, "enabled": enabled, "groups": groups,
+            "library_pages_handed_back_mb": paged_out}
+
+
+def _paged_out_mb(ctx: SuiteContext) -> float:
+    """The MB of library pages the daemon handed back before READY (``madvise(MADV_PAGEOUT)``), read
+    from its journal: under the unit's system-call filter, on the board's kernel, it must work."""
+    deadline = time.monotonic() + 20
+    while True:
+        journal = ctx.board.ssh(["journalctl", "-u", UNIT, "--no-pager", "-o", "cat"], check=False).stdout
+        refused = [line for line in journal.splitlines() if "library pages stay resident" in line]
+        _expect(not refused, f"the daemon could not hand its library pages back: {refused[-1][:300] if refused else ''}")
+        m = re.findall(r"handed back ([\d.]+) MB of library pages", journal)
+        if m:
+            return float(m[-1])
+        _expect(time.monotonic() < deadline, "the daemon's journal has no 'handed back ... MB of library pages' line")
+        time.sleep(1)
 
 
 def _daemon_groups(ctx: SuiteContext, state: dict[str, str]) -> list[str]:
