@@ -167,9 +167,9 @@ OPTIONS: dict[str, tuple[Any, str]] = {
                   "this many microseconds (0: always use the worker threads)"),
     "batch_autotune": (_bool, "at warm-up, cap dynamic batches at the size with the lowest time per sample"),
     "warmup": (_bool, "run each model on its sample (or zeros) before it serves"),
-    "page_out": (_bool, "after models load, hand the library pages loading read back to the kernel "
-                 "(MADV_PAGEOUT): less resident memory, the first requests fault back what they run; "
-                 "0 keeps them"),
+    "page_out": (_bool, "after models load, drop the library pages loading read and only the daemon maps "
+                 "(unmapped, then out of the page cache): less memory in use, the first requests read "
+                 "back what they run; 0 keeps them"),
     "strict": (_bool, "exit 3 when a model fails to load at start"),
     "memory_reserve_mb": (int, "RAM kept free for the system, MiB (default: the scheduler's)"),
     "drain_timeout": (float, "seconds SIGTERM waits for in-flight requests"),

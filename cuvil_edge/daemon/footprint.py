@@ -7,9 +7,9 @@ Three hand-backs, each run after start-up and after a store reload (loading is w
 * :func:`trim_heap`: the C heap's free pages go back to the kernel (glibc's ``malloc_trim``).
 * :func:`page_out_libraries`: the pages of shared libraries that loading read (ONNX Runtime
   registers every kernel it has, grpc core and numpy initialise their tables) are handed back
-  (``MADV_PAGEOUT``). Serving faults back the few it runs. Measured on the tiny CNN, 2-core x86,
-  kernel 6.18: RSS 107.6 -> 89.0 MB, 89.4 MB after 50 requests; the first request took 7.5 ms
-  instead of 2.5. A library page another process maps too (the client's libpython, say) stays.
+  (``MADV_DONTNEED`` on the mapping, then ``POSIX_FADV_DONTNEED`` on the file). Serving faults
+  back the few it runs: the first request reads its code again (figures in docs/memory.md). A
+  mapping another process shares (the client's libpython, say) stays.
   These pages are clean: the kernel would drop them under memory pressure anyway, so this takes
   nothing a model needs and makes the room free at once instead of when the GPU asks for it.
 """
@@ -27,7 +27,7 @@ from pathlib import Path
 
 log = logging.getLogger("cuvil_edge.daemon")
 
-MADV_PAGEOUT = 21  # Linux 5.4 (<asm-generic/mman-common.h>); JetPack 5 runs 5.10, JetPack 6 5.15
+MADV_DONTNEED = 4  # <asm-generic/mman-common.h>: the same number on x86-64 and arm64
 _SHARED_OBJECT = re.compile(r"\.so(\.[0-9.]+)?$")  # libfoo.so, libc.so.6, libpython3.10.so.1.0
 
 
@@ -56,22 +56,37 @@ def trim_heap() -> None:
         libc.malloc_trim(0)
 
 
-def library_ranges(maps: str) -> list[tuple[int, int, str]]:
-    """The read-only mappings of shared objects in a ``/proc/PID/maps`` text: ``(start, end, path)``.
+def library_ranges(smaps: str) -> list[tuple[int, int, str]]:
+    """The mappings of shared objects in a ``/proc/PID/smaps`` text that may be dropped and read
+    again from their file: ``(start, end, path)``.
 
     Only ``.so`` files: not model files a runtime maps (their pages are the weights every run
-    reads), not devices (``/dev/nvmap`` and other driver mappings), nothing writable (a library's
-    data, shared-memory regions)."""
+    reads), not devices (``/dev/nvmap`` and other driver mappings). Nothing writable, and nothing
+    with a page of its own (``Anonymous``, ``Private_Dirty``): a library's relocated read-only data
+    is such a copy, and dropping it would read the unrelocated bytes back. Nothing with a page
+    another process maps too (``Shared_*``): dropping it here frees no memory, it only moves the
+    count to the other process."""
     out: list[tuple[int, int, str]] = []
-    for line in maps.splitlines():
+    head: tuple[int, int, str] | None = None
+    own = 0
+    for line in smaps.splitlines() + ["0-0 ---p 0 0:0 0"]:
         parts = line.split(maxsplit=5)
-        if len(parts) < 6 or "w" in parts[1] or not parts[5].startswith("/") or parts[5].startswith("/dev/"):
-            continue
-        if not _SHARED_OBJECT.search(parts[5]):
-            continue
-        lo, _, hi = parts[0].partition("-")
-        out.append((int(lo, 16), int(hi, 16), parts[5]))
+        if parts and "-" in parts[0] and not parts[0].endswith(":"):  # a mapping's first line
+            if head is not None and own == 0:
+                out.append(head)
+            head, own = None, 0
+            if len(parts) < 6 or "w" in parts[1] or not parts[5].startswith("/") or parts[5].startswith("/dev/"):
+                continue
+            if not _SHARED_OBJECT.search(parts[5].strip()):
+                continue
+            lo, _, hi = parts[0].partition("-")
+            head = (int(lo, 16), int(hi, 16), parts[5].strip())
+        elif head is not None and parts and parts[0] in _NOT_OURS_ALONE and len(parts) > 1 and parts[1] != "0":
+            own += 1
     return out
+
+
+_NOT_OURS_ALONE = ("Anonymous:", "Private_Dirty:", "Shared_Clean:", "Shared_Dirty:")
 
 
 def resident_bytes() -> int:
@@ -83,32 +98,47 @@ def resident_bytes() -> int:
 
 
 def page_out_libraries() -> int:
-    """Advise the kernel to reclaim this process's library pages (``MADV_PAGEOUT``); returns the
-    bytes the resident set shrank by (0 when the kernel or the C library cannot, logged why)."""
+    """Drop this process's library pages and have the kernel forget them; returns the bytes the
+    resident set shrank by (0 when it cannot, logged why).
+
+    ``madvise(MADV_DONTNEED)`` unmaps a range's pages (a later access reads them from the file
+    again), then ``posix_fadvise(POSIX_FADV_DONTNEED)`` drops the file's cached pages no process
+    maps now, so the memory is free, not just uncounted. ``MADV_PAGEOUT`` would do both at once,
+    but the kernel lets a process page out only the files it owns or may write
+    (``can_do_file_pageout``): under the daemon's unit, not its libraries."""
     try:
-        maps = Path("/proc/self/maps").read_text()
+        smaps = Path("/proc/self/smaps").read_text()
     except OSError:
         return 0
     libc = _libc()
-    if libc is None or not hasattr(libc, "madvise"):
+    if libc is None or not hasattr(libc, "madvise") or not hasattr(os, "posix_fadvise"):
         return 0
     libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
     before = resident_bytes()
-    ranges = library_ranges(maps)
-    refused: dict[int, int] = {}
+    ranges = library_ranges(smaps)
+    files: set[str] = set()
     for lo, hi, path in ranges:
-        if libc.madvise(lo, hi - lo, MADV_PAGEOUT) != 0:
+        if libc.madvise(lo, hi - lo, MADV_DONTNEED) != 0:
             err = ctypes.get_errno()
-            refused[err] = refused.get(err, 0) + 1
-            if err in (errno.EPERM, errno.ENOSYS):  # a seccomp filter: no mapping will take it
-                break
-            log.debug("madvise(MADV_PAGEOUT) on %s: %s", path, os.strerror(err))  # EINVAL: a locked mapping
-    if (ranges and sum(refused.values()) >= len(ranges)) or refused.keys() & {errno.EPERM, errno.ENOSYS}:
-        why = ", ".join(os.strerror(e) for e in refused)
-        log.info("library pages stay resident: madvise(MADV_PAGEOUT) refused (%s; a kernel before 5.4 or a "
-                 "system-call filter)", why)
-        return 0
+            if err in (errno.EPERM, errno.ENOSYS):  # a system-call filter: no mapping will take it
+                log.info("library pages stay resident: madvise refused (%s)", os.strerror(err))
+                return 0
+            log.debug("madvise(MADV_DONTNEED) on %s: %s", path, os.strerror(err))
+            continue
+        files.add(path)
+    for path in sorted(files):
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError as exc:  # replaced or removed since it was loaded: its pages stay cached
+            log.debug("%s: %s", path, exc)
+            continue
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        except OSError as exc:
+            log.debug("posix_fadvise on %s: %s", path, exc)
+        finally:
+            os.close(fd)
     freed = max(0, before - resident_bytes())
-    log.info("handed back %.1f MB of library pages loading read (resident %.1f MB)",
-             freed / 1048576, resident_bytes() / 1048576)
+    log.info("handed back %.1f MB of library pages loading read (%d files; resident %.1f MB)",
+             freed / 1048576, len(files), resident_bytes() / 1048576)
     return freed
