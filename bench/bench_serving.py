@@ -45,6 +45,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -437,51 +438,47 @@ def _summary(lat: np.ndarray, wall: float, concurrency: int, errors: int) -> dic
     }
 
 
-def tree_rss_mb(pid: int) -> float:
-    """Resident memory of ``pid`` and its live descendants, MiB (Triton's Python backend stub is a
-    child process): what the board's RAM gives the server."""
+def _tree_sum(pid: int, read: Callable[[Path], tuple[int, float]]) -> float:
+    """Sum ``read(/proc/N) -> (parent pid, value)`` over ``pid`` and its live descendants (Triton's
+    Python backend stub is a child process)."""
     parents: dict[int, int] = {}
-    rss: dict[int, int] = {}
-    page = os.sysconf("SC_PAGE_SIZE")
+    values: dict[int, float] = {}
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
         try:
-            fields = (entry / "stat").read_text().rpartition(")")[2].split()
-            pages = int((entry / "statm").read_text().split()[1])
-        except (OSError, IndexError, ValueError):
+            parents[int(entry.name)], values[int(entry.name)] = read(entry)
+        except (OSError, IndexError, KeyError, ValueError):
             continue
-        parents[int(entry.name)] = int(fields[1])
-        rss[int(entry.name)] = pages * page
-    total, todo = 0, [pid]
+    total, todo = 0.0, [pid]
     while todo:
         p = todo.pop()
-        total += rss.get(p, 0)
+        total += values.get(p, 0.0)
         todo.extend(c for c, pp in parents.items() if pp == p)
-    return round(total / 1048576, 1)
+    return total
+
+
+def _status(entry: Path) -> dict[str, str]:
+    return dict(line.split(":", 1) for line in (entry / "status").read_text().splitlines() if ":" in line)
+
+
+def tree_rss_mb(pid: int) -> float:
+    """Resident memory of ``pid`` and its live descendants, MiB: what the board's RAM gives the server."""
+    def read(entry: Path) -> tuple[int, float]:
+        fields = _status(entry)
+        return int(fields["PPid"]), int(fields.get("VmRSS", "0 kB").split()[0]) * 1024
+
+    return round(_tree_sum(pid, read) / 1048576, 1)
 
 
 def tree_anon_mb(pid: int) -> float:
     """Anonymous resident memory (``RssAnon``) of ``pid`` and its live descendants, MiB: the part of
     :func:`tree_rss_mb` the kernel cannot drop under pressure (no swap), unlike clean file pages."""
-    parents: dict[int, int] = {}
-    anon: dict[int, int] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            status = (entry / "status").read_text()
-            fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
-            parents[int(entry.name)] = int(fields["PPid"])
-            anon[int(entry.name)] = int(fields.get("RssAnon", "0 kB").split()[0]) * 1024
-        except (OSError, KeyError, ValueError):
-            continue
-    total, todo = 0, [pid]
-    while todo:
-        p = todo.pop()
-        total += anon.get(p, 0)
-        todo.extend(c for c, pp in parents.items() if pp == p)
-    return round(total / 1048576, 1)
+    def read(entry: Path) -> tuple[int, float]:
+        fields = _status(entry)
+        return int(fields["PPid"]), int(fields.get("RssAnon", "0 kB").split()[0]) * 1024
+
+    return round(_tree_sum(pid, read) / 1048576, 1)
 
 
 def memory_compare(models: dict[str, dict[str, Any]], work: Path, extra: list[str], with_triton: bool,
@@ -537,23 +534,12 @@ def tree_cpu_s(pid: int) -> float:
     """CPU seconds (user + system) used so far by ``pid`` and its live descendants (Triton's Python
     backend stubs are child processes)."""
     tick = os.sysconf("SC_CLK_TCK")
-    parents: dict[int, int] = {}
-    times: dict[int, float] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            fields = (entry / "stat").read_text().rpartition(")")[2].split()
-        except OSError:
-            continue
-        parents[int(entry.name)] = int(fields[1])
-        times[int(entry.name)] = (int(fields[11]) + int(fields[12])) / tick
-    total, todo = 0.0, [pid]
-    while todo:
-        p = todo.pop()
-        total += times.get(p, 0.0)
-        todo.extend(c for c, pp in parents.items() if pp == p)
-    return total
+
+    def read(entry: Path) -> tuple[int, float]:
+        fields = (entry / "stat").read_text().rpartition(")")[2].split()
+        return int(fields[1]), (int(fields[11]) + int(fields[12])) / tick
+
+    return _tree_sum(pid, read)
 
 
 def interleaved(targets: list[tuple[Any, ...]], model: str, x: np.ndarray, concurrency: int,

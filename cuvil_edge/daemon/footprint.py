@@ -19,18 +19,23 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import errno
+import functools
 import gc
 import logging
 import os
 import re
 from pathlib import Path
 
+from cuvil_edge.runtime.ort import rss_bytes
+
 log = logging.getLogger("cuvil_edge.daemon")
 
 MADV_DONTNEED = 4  # <asm-generic/mman-common.h>: the same number on x86-64 and arm64
+_NOT_OURS_ALONE = ("Anonymous:", "Private_Dirty:", "Shared_Clean:", "Shared_Dirty:")  # smaps fields
 _SHARED_OBJECT = re.compile(r"\.so(\.[0-9.]+)?$")  # libfoo.so, libc.so.6, libpython3.10.so.1.0
 
 
+@functools.cache
 def _libc() -> ctypes.CDLL | None:
     name = ctypes.util.find_library("c")
     try:
@@ -86,17 +91,6 @@ def library_ranges(smaps: str) -> list[tuple[int, int, str]]:
     return out
 
 
-_NOT_OURS_ALONE = ("Anonymous:", "Private_Dirty:", "Shared_Clean:", "Shared_Dirty:")
-
-
-def resident_bytes() -> int:
-    """This process's resident set, bytes (0 where ``/proc`` is missing)."""
-    try:
-        return int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, IndexError, ValueError):
-        return 0
-
-
 def page_out_libraries() -> int:
     """Drop this process's library pages and have the kernel forget them; returns the bytes the
     resident set shrank by (0 when it cannot, logged why).
@@ -114,7 +108,7 @@ def page_out_libraries() -> int:
     if libc is None or not hasattr(libc, "madvise") or not hasattr(os, "posix_fadvise"):
         return 0
     libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-    before = resident_bytes()
+    before = rss_bytes()
     ranges = library_ranges(smaps)
     files: set[str] = set()
     for lo, hi, path in ranges:
@@ -138,7 +132,8 @@ def page_out_libraries() -> int:
             log.debug("posix_fadvise on %s: %s", path, exc)
         finally:
             os.close(fd)
-    freed = max(0, before - resident_bytes())
+    after = rss_bytes()
+    freed = max(0, before - after)
     log.info("handed back %.1f MB of library pages loading read (%d files; resident %.1f MB)",
-             freed / 1048576, len(files), resident_bytes() / 1048576)
+             freed / 1048576, len(files), after / 1048576)
     return freed
