@@ -28,6 +28,8 @@ from pathlib import Path
 
 from cuvil_edge.runtime.ort import rss_bytes
 
+__all__ = ["MADV_DONTNEED", "freeze_heap", "library_ranges", "page_out_libraries", "trim_heap"]
+
 log = logging.getLogger("cuvil_edge.daemon")
 
 MADV_DONTNEED = 4  # <asm-generic/mman-common.h>: the same number on x86-64 and arm64
