@@ -79,6 +79,7 @@ class Config:
     batch_autotune: bool = True
     warmup: bool = True
     page_out: bool = True
+    scratch_idle_s: float = 1.0
     strict: bool = False
     memory_reserve_mb: int | None = None
     drain_timeout: float = 30.0
@@ -170,6 +171,9 @@ OPTIONS: dict[str, tuple[Any, str]] = {
     "page_out": (_bool, "after models load, drop the library pages loading read and only the daemon maps "
                  "(unmapped, then out of the page cache): less memory in use, the first requests read "
                  "back what they run; 0 keeps them"),
+    "scratch_idle_s": (float, "seconds a model idles after batches larger than 1 before the runtime "
+                       "gives their scratch (activations) back; the next burst allocates it again "
+                       "(0: keep it)"),
     "strict": (_bool, "exit 3 when a model fails to load at start"),
     "memory_reserve_mb": (int, "RAM kept free for the system, MiB (default: the scheduler's)"),
     "drain_timeout": (float, "seconds SIGTERM waits for in-flight requests"),
@@ -266,6 +270,8 @@ def load(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
         raise DaemonError(f"--max-batch {cfg.max_batch}: must be at least 1")
     if cfg.max_depth < 1:
         raise DaemonError(f"--max-depth {cfg.max_depth}: must be at least 1")
+    if cfg.scratch_idle_s < 0:
+        raise DaemonError(f"--scratch-idle-s {cfg.scratch_idle_s}: must be >= 0")
     if cfg.max_queue_delay_us < 0:
         raise DaemonError(f"--max-queue-delay-us {cfg.max_queue_delay_us}: must be >= 0")
     if cfg.log_level.lower() not in ("debug", "info", "warning", "error"):

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import signal
@@ -40,7 +41,7 @@ from cuvil_edge.daemon.http import HttpProtocol
 from cuvil_edge.daemon.infer import MemoryRefused
 from cuvil_edge.daemon.kserve import App
 from cuvil_edge.daemon.metrics import render_prometheus
-from cuvil_edge.daemon.models import ModelRegistry
+from cuvil_edge.daemon.models import ModelInstance, ModelRegistry
 from cuvil_edge.daemon.resources import Resources
 from cuvil_edge.daemon.shm import SharedMemoryRegistry
 from cuvil_edge.daemon.state import ServerState
@@ -83,6 +84,7 @@ class Server:
         self.bound: list[str] = []
         self.started_at = time.time()
         self._revert_warned = False
+        self._releasing: set[int] = set()  # id() of model versions giving their scratch back now
 
     # ------------------------------------------------------------------ entry point
 
@@ -417,6 +419,7 @@ class Server:
             conn.sweep(now)
         instances = self.registry.instances() if self.registry else []
         self.resources.tick(instances)
+        self._release_idle_scratch(instances, now)
         oldest_s = 0.0
         for inst in instances:
             b = inst.batcher
@@ -426,6 +429,20 @@ class Server:
                     oldest_s = max(oldest_s, now - oldest)
         # This tick ran, so the loop makes progress; a batch stuck too long withholds the ping.
         self.resources.watchdog_tick(oldest_s)
+
+    def _release_idle_scratch(self, instances: list[ModelInstance], now: float) -> None:
+        """Models idle after a burst of batches give their runtime scratch back, on a worker
+        thread (a batch-1 run each), one hand-back per model at a time."""
+        for inst in instances:
+            key = id(inst)
+            if key in self._releasing or not inst.scratch_to_release(now):
+                continue
+            self._releasing.add(key)
+            fut = asyncio.get_running_loop().run_in_executor(None, inst.release_idle_scratch)
+            fut.add_done_callback(functools.partial(self._released, key))
+
+    def _released(self, key: int, _done: asyncio.Future[int]) -> None:
+        self._releasing.discard(key)
 
     # ------------------------------------------------------------------ shutdown
 

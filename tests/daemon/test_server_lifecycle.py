@@ -301,6 +301,34 @@ class TestMemory:
         off = daemon_factory(store, "--page-out", "0")
         assert "library pages" not in off.log
 
+    def test_scratch_a_burst_grew_is_given_back_once_the_model_idles(self, store, daemon_factory,
+                                                                     digits_data):
+        given_back = re.compile(r"digits 1\.0\.0: idle after batches of up to (\d+) rows: "
+                                r"([\d.]+) MB of runtime scratch given back")
+
+        def infer(d, rows: int) -> None:
+            x = np.ascontiguousarray(digits_data[:rows])
+            inp = httpclient.InferInput("input", list(x.shape), "FP32")
+            inp.set_data_from_numpy(x)
+            assert d.client().infer("digits", [inp]).as_numpy("logits").shape == (rows, 10)
+
+        d = daemon_factory(store, "--tick", "0.1", "--scratch-idle-s", "0.5", "--log-level", "debug")
+        infer(d, 1)
+        time.sleep(1.0)
+        assert not given_back.search(d.log), d.log  # batch 1 grows nothing: nothing to give back
+        infer(d, 8)
+        t0 = time.monotonic()
+        _wait_for(lambda: given_back.search(d.log) is not None, 10, "the burst's scratch to be given back")
+        assert time.monotonic() - t0 >= 0.4  # not before the model idled --scratch-idle-s
+        assert given_back.search(d.log).group(1) == "8"
+        time.sleep(0.5)
+        assert len(given_back.findall(d.log)) == 1  # once per burst, not every tick
+        infer(d, 1)  # still serves
+        off = daemon_factory(store, "--tick", "0.1", "--scratch-idle-s", "0", "--log-level", "debug")
+        infer(off, 8)
+        time.sleep(1.0)
+        assert not given_back.search(off.log)
+
     def test_model_over_budget_is_refused_with_507(self, store, daemon_factory):
         # Orin Nano 8 GB with all but 40 MiB reserved: the digits bundle's estimate does not fit.
         d = daemon_factory(store, "--board", "orin-nano-8gb", "--memory-reserve-mb", str(8192 - 40))
