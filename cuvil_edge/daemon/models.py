@@ -431,28 +431,33 @@ class ModelInstance:
         self._last_batch_end = time.monotonic()
         self.stats.record_batch(size, (p.queue_ns for p, _ in ready), t1 - t0, t2 - t1, t3 - t2, len(ready))
 
-    def scratch_to_release(self, now: float) -> bool:
-        """True when batches larger than 1 ran, none has for ``scratch_idle_s`` and none is queued
-        or running: the runtime's scratch (ONNX Runtime's arena) still holds their activations.
+    def claim_idle_scratch(self, now: float) -> int:
+        """The largest batch (rows) of a burst whose scratch is due back, or 0 (event loop).
+
+        Due when batches larger than 1 ran, none has for ``scratch_idle_s`` and none is queued or
+        running: the runtime's scratch (ONNX Runtime's arena) still holds their activations.
+        Claiming resets the count, so one burst is handed back once (:meth:`release_idle_scratch`).
 
         EfficientNet-Lite0 on the CPU, batch 8 under 16 clients: the arena kept about 170 MB after
         the burst, more than the model and the daemon together (bench_serving, memory section)."""
         b = self.batcher
         if self.scratch_idle_s <= 0 or self._grown_rows <= 1 or self._small_feed is None:
-            return False
+            return 0
         if b is not None and (b.active or b.queued):
-            return False
-        return now - self._last_batch_end >= self.scratch_idle_s
+            return 0
+        if now - self._last_batch_end < self.scratch_idle_s:
+            return 0
+        rows, self._grown_rows = self._grown_rows, 0
+        return rows
 
-    def release_idle_scratch(self) -> int:
-        """Give back the scratch the last burst of batches grew (worker thread); returns the bytes
-        the process's resident set shrank by (0 when there was nothing to give back).
+    def release_idle_scratch(self, rows: int) -> int:
+        """Give back the scratch a burst of batches of up to ``rows`` grew (worker thread); returns
+        the bytes the process's resident set shrank by.
 
         One batch-1 run on the warm-up input with the runtime's arena shrinkage on (about a batch-1
         run's time), then the C heap is trimmed. The next burst grows the scratch again: its first
         batch pays the allocation. A version retired meanwhile is left alone."""
-        rows, self._grown_rows = self._grown_rows, 0
-        if rows <= 1 or self._small_feed is None or not self.backend.is_active:
+        if self._small_feed is None or not self.backend.is_active:
             return 0
         before = rss_bytes()
         try:

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import logging
 import os
 import signal
@@ -84,7 +83,6 @@ class Server:
         self.bound: list[str] = []
         self.started_at = time.time()
         self._revert_warned = False
-        self._releasing: set[int] = set()  # id() of model versions giving their scratch back now
 
     # ------------------------------------------------------------------ entry point
 
@@ -432,17 +430,11 @@ class Server:
 
     def _release_idle_scratch(self, instances: list[ModelInstance], now: float) -> None:
         """Models idle after a burst of batches give their runtime scratch back, on a worker
-        thread (a batch-1 run each), one hand-back per model at a time."""
+        thread (a batch-1 run each); a burst is claimed here, so it is handed back once."""
         for inst in instances:
-            key = id(inst)
-            if key in self._releasing or not inst.scratch_to_release(now):
-                continue
-            self._releasing.add(key)
-            fut = asyncio.get_running_loop().run_in_executor(None, inst.release_idle_scratch)
-            fut.add_done_callback(functools.partial(self._released, key))
-
-    def _released(self, key: int, _done: asyncio.Future[int]) -> None:
-        self._releasing.discard(key)
+            rows = inst.claim_idle_scratch(now)
+            if rows:
+                asyncio.get_running_loop().run_in_executor(None, inst.release_idle_scratch, rows)
 
     # ------------------------------------------------------------------ shutdown
 
