@@ -166,7 +166,7 @@ OPTIONS: dict[str, tuple[Any, str]] = {
     "max_depth": (int, "largest number of batches in flight per model (the prefetch bound)"),
     "inline_us": (float, "run a request on the event loop when the model is idle and takes less than "
                   "this many microseconds (0: always use the worker threads)"),
-    "batch_autotune": (_bool, "at warm-up, cap dynamic batches at the size with the lowest time per sample"),
+    "batch_autotune": (_bool, "at warm-up, cap dynamic batches below a size that costs clearly more per sample"),
     "warmup": (_bool, "run each model on its sample (or zeros) before it serves"),
     "page_out": (_bool, "after models load, drop the library pages loading read and only the daemon maps "
                  "(unmapped, then out of the page cache): less memory in use, the first requests read "

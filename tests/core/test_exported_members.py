@@ -53,7 +53,8 @@ EXPORTS: dict[str, list[str]] = {
     "cuvil_edge.daemon.main": ["main"],
     "cuvil_edge.daemon.metrics": ["ModelStats", "render_prometheus"],
     "cuvil_edge.daemon.models": [
-        "ModelEntry", "ModelInstance", "ModelRegistry", "ModelUnavailable", "UnknownModel", "io_bytes_per_item"
+        "BATCH_SLOWER_CUTOFF", "ModelEntry", "ModelInstance", "ModelRegistry", "ModelUnavailable", "UnknownModel",
+        "choose_batch_cap", "io_bytes_per_item",
     ],
     "cuvil_edge.daemon.pipeline": [
         "DETECTIONS", "DETECTIONS_MODEL", "IMAGE_INPUT", "NUM_DETECTIONS", "Pipeline", "TOPK_CLASSES", "TOPK_SCORES",
