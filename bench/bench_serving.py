@@ -202,11 +202,24 @@ def start_cuvil(store: Path, work: Path, *args: str) -> tuple[Proc, str, str]:
     return p, f"127.0.0.1:{port}", f"127.0.0.1:{grpc_port}"
 
 
-def start_triton(repo: Path, work: Path) -> tuple[Proc, str, str]:
-    """tritonserver on free loopback ports: (process, HTTP host:port, gRPC host:port)."""
+# ``--triton-root``: a tritonserver tree laid out as nvidia-pytriton installs it (``bin/``,
+# ``backends/python/``, ``python_backend_stubs/<X.Y>/``, the libraries in ``../../nvidia_pytriton.libs``),
+# for a machine where the wheel is unpacked by hand (no index to install it from). None: the installed wheel.
+TRITON_ROOT: Path | None = None
+
+
+def triton_root() -> Path:
+    """The tritonserver tree: ``--triton-root`` or the installed nvidia-pytriton's."""
+    if TRITON_ROOT is not None:
+        return TRITON_ROOT
     import pytriton
 
-    tdir = Path(pytriton.__file__).parent / "tritonserver"
+    return Path(pytriton.__file__).parent / "tritonserver"
+
+
+def start_triton(repo: Path, work: Path) -> tuple[Proc, str, str]:
+    """tritonserver on free loopback ports: (process, HTTP host:port, gRPC host:port)."""
+    tdir = triton_root()
     backends = work / "triton-backends"
     if not backends.exists():
         (backends / "python").mkdir(parents=True)
@@ -219,7 +232,7 @@ def start_triton(repo: Path, work: Path) -> tuple[Proc, str, str]:
     # load then fails with an "RLock ... _recursion_count" error), and the embedded interpreter finds
     # its packages through the first python3 on PATH (PYTHONPATH is ignored): put the venv's bin/ first.
     env = dict(os.environ)
-    libs = [str(Path(sys.base_prefix) / "lib"), str(Path(pytriton.__file__).parents[1] / "nvidia_pytriton.libs")]
+    libs = [str(Path(sys.base_prefix) / "lib"), str(tdir.parents[1] / "nvidia_pytriton.libs")]
     env["LD_LIBRARY_PATH"] = ":".join(libs + [env.get("LD_LIBRARY_PATH", "")])
     env["PATH"] = str(Path(sys.executable).parent) + ":" + env.get("PATH", "")
     port, grpc_port = _free_port(), _free_port()
@@ -651,8 +664,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-batching", action="store_true", help="skip the x16 dynamic batching comparison")
     ap.add_argument("--no-memory", action="store_true", help="skip the process-tree memory comparison")
     ap.add_argument("--memory-only", action="store_true", help="only the memory comparison (no throughput rounds)")
+    ap.add_argument("--triton-root", type=Path, default=None,
+                    help="tritonserver tree as nvidia-pytriton lays it out (default: the installed wheel's)")
     ap.add_argument("--out", type=Path, default=RESULTS / "serving.json")
     args = ap.parse_args(argv)
+    global TRITON_ROOT
+    if args.triton_root is not None:
+        if not (args.triton_root / "bin" / "tritonserver").is_file():
+            ap.error(f"--triton-root {args.triton_root}: no bin/tritonserver there")
+        TRITON_ROOT = args.triton_root.resolve()
     which = [m for m in args.models.split(",") if m]
     protocols = [p for p in args.protocols.split(",") if p]
     if not protocols or set(protocols) - {"http", "grpc"}:
@@ -677,6 +697,7 @@ def main(argv: list[str] | None = None) -> int:
                    f"127.0.0.1 sharing the machine's cores with the client; {rounds} interleaved rounds "
                    "per comparison, merged"),
         "versions": _versions(),
+        "triton_root": str(TRITON_ROOT) if TRITON_ROOT else "installed nvidia-pytriton",
         "daemon_args": args.daemon_args,
         "models": {},
     }
