@@ -752,14 +752,13 @@ def main(argv: list[str] | None = None) -> int:
             warm = 50 if key == "tiny" else 5
             x = np.random.default_rng(0).random((1, *m["shape"]), dtype=np.float32)
             wait_model_ready(cuvil_url, m["name"], cuvil)
-            if triton is not None and "triton_version" not in results:
-                wait_model_ready(triton_url, m["name"], triton)
-                results["triton_version"] = triton_version(triton_url)
             if nobatch is not None and fixed is not None:
                 wait_model_ready(nobatch_url, m["name"], nobatch)
                 wait_model_ready(fixed_url, m["name"], fixed)
             if triton is not None:
                 wait_model_ready(triton_url, m["name"], triton)
+                if "triton_version" not in results:
+                    results["triton_version"] = triton_version(triton_url)
             entry: dict[str, Any] = {"model": m["name"], "input_shape": [1, *m["shape"]], "runs": []}
             entry["inprocess_ort"] = inprocess_ort(m["path"], x, min(duration, 3.0))
             canned, canned_url = start_canned(m["classes"], work)
