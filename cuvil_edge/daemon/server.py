@@ -506,6 +506,8 @@ class Server:
             "cuvil_http_requests_total": ("HTTP requests answered", [({}, s.total_requests)]),
             "cuvil_http_protocol_errors_total": ("Malformed or oversized HTTP requests", [({}, s.protocol_errors)]),
             "cuvil_http_client_gone_total": ("Requests whose client disconnected first", [({}, s.client_gone)]),
+            "cuvil_http_decoded_off_loop_total": ("Inference bodies decoded on a worker thread (compressed, "
+                                                  "or a JSON part over 256 KiB)", [({}, s.decoded_off_loop)]),
             "cuvil_http_rejected_total": ("Inference requests refused with 503 under memory pressure",
                                           [({}, s.rejected)]),
             "cuvil_http_unknown_model_total": ("Inference requests for a model not served",

@@ -46,6 +46,7 @@ class ServerState:
         self.failed_unknown = 0
         self.rejected = 0
         self.client_gone = 0
+        self.decoded_off_loop = 0  # inference bodies decoded on a worker thread (kserve.App)
         self.ready = False
         self.shutting_down = False
         self.stopped = False
