@@ -202,16 +202,13 @@ def start_cuvil(store: Path, work: Path, *args: str) -> tuple[Proc, str, str]:
     return p, f"127.0.0.1:{port}", f"127.0.0.1:{grpc_port}"
 
 
-# ``--triton-root``: a tritonserver tree laid out as nvidia-pytriton installs it (``bin/``,
-# ``backends/python/``, ``python_backend_stubs/<X.Y>/``, the libraries in ``../../nvidia_pytriton.libs``),
-# for a machine where the wheel is unpacked by hand (no index to install it from). None: the installed wheel.
-TRITON_ROOT: Path | None = None
-
-
-def triton_root() -> Path:
-    """The tritonserver tree: ``--triton-root`` or the installed nvidia-pytriton's."""
-    if TRITON_ROOT is not None:
-        return TRITON_ROOT
+def triton_root(given: Path | None = None) -> Path:
+    """The tritonserver tree: ``given`` (``--triton-root``, a tree laid out as nvidia-pytriton
+    installs it: ``bin/``, ``backends/python/``, ``python_backend_stubs/<X.Y>/``, the libraries in
+    ``../../nvidia_pytriton.libs``, for a machine where the wheel is unpacked by hand), else the
+    installed nvidia-pytriton's."""
+    if given is not None:
+        return given
     import pytriton
 
     return Path(pytriton.__file__).parent / "tritonserver"
@@ -228,9 +225,8 @@ def triton_version(url: str) -> str:
         c.close()
 
 
-def start_triton(repo: Path, work: Path) -> tuple[Proc, str, str]:
-    """tritonserver on free loopback ports: (process, HTTP host:port, gRPC host:port)."""
-    tdir = triton_root()
+def start_triton(repo: Path, work: Path, tdir: Path) -> tuple[Proc, str, str]:
+    """tritonserver of the tree ``tdir`` on free loopback ports: (process, HTTP host:port, gRPC host:port)."""
     backends = work / "triton-backends"
     if not backends.exists():
         (backends / "python").mkdir(parents=True)
@@ -511,10 +507,11 @@ def tree_anon_mb(pid: int) -> float:
     return round(_tree_sum(pid, read) / 1048576, 1)
 
 
-def memory_compare(models: dict[str, dict[str, Any]], work: Path, extra: list[str], with_triton: bool,
+def memory_compare(models: dict[str, dict[str, Any]], work: Path, extra: list[str], triton_dir: Path | None,
                    requests: int = 50) -> dict[str, Any]:
     """Process-tree RSS of each server serving one model alone: after load and warm-up, and after
-    ``requests`` batch-1 requests and a 16-client burst (batches form), one server at a time."""
+    ``requests`` batch-1 requests and a 16-client burst (batches form), one server at a time.
+    ``triton_dir``: the tritonserver tree to compare with; None, the daemon alone."""
     import tritonclient.http as httpclient
 
     out: dict[str, Any] = {}
@@ -522,10 +519,16 @@ def memory_compare(models: dict[str, dict[str, Any]], work: Path, extra: list[st
         one = {key: m}
         x = np.random.default_rng(0).random((1, *m["shape"]), dtype=np.float32)
         entry: dict[str, Any] = {"model": m["name"]}
-        servers = [("cuvil-edged", lambda w, one=one: start_cuvil(make_cuvil_store(w / "store", one), w, *extra))]
-        if with_triton:
-            servers.append(("triton-2.51-python-backend",
-                            lambda w, one=one: start_triton(make_triton_repo(w / "repo", one), w)))
+        def ours(w: Path, one: dict[str, dict[str, Any]] = one) -> tuple[Proc, str, str]:
+            return start_cuvil(make_cuvil_store(w / "store", one), w, *extra)
+
+        def peer(w: Path, one: dict[str, dict[str, Any]] = one, tdir: Path | None = triton_dir) -> tuple[Proc, str, str]:
+            assert tdir is not None
+            return start_triton(make_triton_repo(w / "repo", one), w, tdir)
+
+        servers = [("cuvil-edged", ours)]
+        if triton_dir is not None:
+            servers.append(("triton-2.51-python-backend", peer))
         for label, start in servers:
             w = work / f"mem-{key}-{label}"
             w.mkdir(parents=True)
@@ -557,7 +560,7 @@ def memory_compare(models: dict[str, dict[str, Any]], work: Path, extra: list[st
                             "rss_mb_after_x16_load": after_load, "first_request_ms": round(first_ms, 2),
                             "anon_mb_after_warmup": ready_anon, "anon_mb_after_x16_load": load_anon}
             print(f"[{key}] memory {label}: {entry[label]}", flush=True)
-        if with_triton:
+        if triton_dir is not None:
             c_, t_ = entry["cuvil-edged"], entry["triton-2.51-python-backend"]
             entry["ratio_vs_triton"] = {k: round(c_[k] / t_[k], 3) for k in c_ if k.startswith("rss")}
             entry["anon_ratio_vs_triton"] = {k: round(c_[k] / t_[k], 3) for k in c_ if k.startswith("anon")}
@@ -679,11 +682,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="tritonserver tree as nvidia-pytriton lays it out (default: the installed wheel's)")
     ap.add_argument("--out", type=Path, default=RESULTS / "serving.json")
     args = ap.parse_args(argv)
-    global TRITON_ROOT
-    if args.triton_root is not None:
-        if not (args.triton_root / "bin" / "tritonserver").is_file():
-            ap.error(f"--triton-root {args.triton_root}: no bin/tritonserver there")
-        TRITON_ROOT = args.triton_root.resolve()
+    if args.triton_root is not None and not (args.triton_root / "bin" / "tritonserver").is_file():
+        ap.error(f"--triton-root {args.triton_root}: no bin/tritonserver there")
+    triton_dir = None if args.no_triton else triton_root(args.triton_root.resolve() if args.triton_root else None)
     # Both servers run ONNX Runtime on the CPU here. A GPU left visible changes only Triton: its core
     # then makes a CUDA context and a 256 MB pinned-memory pool (455 MB of RSS on the digits CNN,
     # against 101 MB without a GPU), which no CPU model uses. A value the caller set is theirs.
@@ -713,12 +714,12 @@ def main(argv: list[str] | None = None) -> int:
                    f"127.0.0.1 sharing the machine's cores with the client; {rounds} interleaved rounds "
                    "per comparison, merged"),
         "versions": _versions(),
-        "triton_root": str(TRITON_ROOT) if TRITON_ROOT else "installed nvidia-pytriton",
+        "triton_root": str(args.triton_root.resolve()) if args.triton_root else "installed nvidia-pytriton",
         "daemon_args": args.daemon_args,
         "models": {},
     }
     if args.memory_only:
-        results["memory"] = memory_compare(models, work, shlex.split(args.daemon_args), not args.no_triton)
+        results["memory"] = memory_compare(models, work, shlex.split(args.daemon_args), triton_dir)
         results["machine"]["load_average_at_end"] = list(os.getloadavg())
         results["goals"] = _goals(results)
         from cuvil_edge._atomic import atomic_write_text
@@ -731,7 +732,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.no_memory:
         # First, while this process maps no ONNX Runtime (the in-process overhead peer below loads
         # it): a library page the client maps too is shared, and no server could hand it back.
-        results["memory"] = memory_compare(models, work, shlex.split(args.daemon_args), not args.no_triton)
+        results["memory"] = memory_compare(models, work, shlex.split(args.daemon_args), triton_dir)
     procs: list[Proc] = []
     try:
         extra = shlex.split(args.daemon_args)
@@ -744,8 +745,8 @@ def main(argv: list[str] | None = None) -> int:
             fixed, fixed_url, _ = start_cuvil(store, work, "--batch-autotune", "0", *extra)
             procs.append(fixed)
         triton = triton_url = triton_grpc = None
-        if not args.no_triton:
-            triton, triton_url, triton_grpc = start_triton(repo, work)
+        if triton_dir is not None:
+            triton, triton_url, triton_grpc = start_triton(repo, work, triton_dir)
             procs.append(triton)
         for key, m in models.items():
             duration = tiny_s if key == "tiny" else effnet_s
@@ -756,6 +757,7 @@ def main(argv: list[str] | None = None) -> int:
                 wait_model_ready(nobatch_url, m["name"], nobatch)
                 wait_model_ready(fixed_url, m["name"], fixed)
             if triton is not None:
+                assert triton_url is not None
                 wait_model_ready(triton_url, m["name"], triton)
                 if "triton_version" not in results:
                     results["triton_version"] = triton_version(triton_url)
@@ -974,7 +976,8 @@ def _plot(results: dict[str, Any], path: Path) -> None:
         axes[row][1].set_title(f"{e['model']}: p99 latency, ms (lower is better)")
         for ax in axes[row]:
             ax.tick_params(axis="x", labelsize=7)
-    fig.suptitle(f"cuvil-edged vs Triton 2.51 (Python backend + ONNX Runtime), {results['machine']['cores']} "
+    fig.suptitle(f"cuvil-edged vs Triton {results.get('triton_version', '2.51')} (Python backend + ONNX Runtime), "
+                 f"{results['machine']['cores']} "
                  "CPU cores, binary tensors, batch-1 requests")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
