@@ -112,26 +112,24 @@ def build_light_cnn(path: Path) -> Path:
     convolutions deep: a batch of 4 takes about 7 ms on the 2-core bench host, about what
     EfficientNet-Lite0 takes on 16 cores. It stands in for a faster CPU where batch formation
     races the reading of the next requests; it is no issue goal (random weights, no task)."""
-    import onnx
-    from onnx import TensorProto, helper, numpy_helper
+    from onnx import TensorProto, helper
+
+    from cuvil_edge.models import _save
+    from cuvil_edge.models._onnx_builder import GraphBuilder
 
     rng = np.random.default_rng(0)
-    shapes = {"w1": (48, 3, 3, 3), "b1": (48,), "w2": (96, 48, 3, 3), "b2": (96,), "w3": (1000, 96), "b3": (1000,)}
-    inits = [numpy_helper.from_array((0.1 * rng.standard_normal(shape)).astype(np.float32), name)
-             for name, shape in shapes.items()]
-    nodes = [helper.make_node("Conv", ["input", "w1", "b1"], ["c1"], strides=[2, 2], pads=[1, 1, 1, 1]),
-             helper.make_node("Relu", ["c1"], ["r1"]),
-             helper.make_node("Conv", ["r1", "w2", "b2"], ["c2"], strides=[2, 2], pads=[1, 1, 1, 1]),
-             helper.make_node("Relu", ["c2"], ["r2"]),
-             helper.make_node("GlobalAveragePool", ["r2"], ["p"]), helper.make_node("Flatten", ["p"], ["f"]),
-             helper.make_node("Gemm", ["f", "w3", "b3"], ["logits"], transB=1)]
-    graph = helper.make_graph(nodes, "light-cnn",
-                              [helper.make_tensor_value_info("input", TensorProto.FLOAT, ["N", 3, 224, 224])],
-                              [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["N", 1000])], inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    onnx.save(model, path)
-    return path
+
+    def w(*shape: int) -> np.ndarray:
+        return (0.1 * rng.standard_normal(shape)).astype(np.float32)
+
+    g = GraphBuilder()
+    x = g.op("Relu", [g.conv("input", w(48, 3, 3, 3), w(48), "conv1", stride=2, pads=(1, 1, 1, 1))])
+    x = g.op("Relu", [g.conv(x, w(96, 48, 3, 3), w(96), "conv2", stride=2, pads=(1, 1, 1, 1))])
+    x = g.op("Flatten", [g.op("GlobalAveragePool", [x])])
+    x = g.op("Gemm", [x, g.const("fc.weight", w(1000, 96)), g.const("fc.bias", w(1000))], transB=1)
+    model = g.model([helper.make_tensor_value_info("input", TensorProto.FLOAT, ["N", 3, 224, 224])],
+                    [(x, "logits", ["N", 1000])], "light-cnn")
+    return _save(model, path)
 
 
 def build_models_apart(work: Path, which: list[str]) -> dict[str, dict[str, Any]]:
